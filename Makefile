@@ -1,0 +1,49 @@
+# Two commands for a newcomer: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEVSTAMP := $(VENV)/.installed-dev
+
+.PHONY: demo test lint format bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# Torch first, so the project's dependency on torch is already met and pip never pulls a CUDA
+# build. On a GPU host, install the torch build you need into .venv before running make.
+$(BIN)/.torch: $(BIN)/python
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
+	touch $@
+
+$(STAMP): pyproject.toml $(BIN)/.torch
+	$(BIN)/python -m pip install -q -e '.[engine,tui,provision,gpu,postgres]'
+	touch $@
+
+$(DEVSTAMP): pyproject.toml $(BIN)/.torch
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@ $(STAMP)
+
+demo: $(STAMP)
+	@$(BIN)/dctl --help
+	@echo
+	@echo "dctl: a control plane for GPU fleets serving MoE block-diffusion LMs. The demo stack (dctl up --demo) is not available yet."
+
+test: $(DEVSTAMP) lint
+	$(BIN)/python -m pytest --durations=15
+
+lint: $(DEVSTAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(DEVSTAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(DEVSTAMP)
+	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,5 @@
+"""`python -m controlplane.cli` runs `dctl`."""
+
+from controlplane.cli.app import main
+
+main()

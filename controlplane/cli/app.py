@@ -1,0 +1,70 @@
+"""The `dctl` command line: the composition root that wires the four parts together.
+
+Only this package may import `engine`, `agent` and `tui`, and only inside commands, so that
+`dctl --help` stays fast (no torch, textual, fabric or sqlalchemy at import time).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import typer
+
+from controlplane.cli import (
+    cmd_agent,
+    cmd_deploy,
+    cmd_engine,
+    cmd_fleet,
+    cmd_model,
+    cmd_rollout,
+    cmd_server,
+    cmd_ui,
+)
+from controlplane.cli.exits import CliError
+
+app = typer.Typer(
+    name="dctl",
+    help="dctl: run fleets of GPU hosts that serve MoE block-diffusion language models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version() -> str:
+    try:
+        return version("dctl")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        print(f"dctl {_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    show_version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """dctl: run fleets of GPU hosts that serve MoE block-diffusion language models."""
+
+
+for module in (cmd_server, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
+    module.register(app)
+cmd_fleet.register(app)
+cmd_ui.register(app)
+
+
+def main() -> None:
+    """Console-script entry point: maps `CliError` to its exit code with one line on stderr."""
+    try:
+        app()
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.code)
