@@ -1,0 +1,346 @@
+"""The agent <-> control-plane wire contract (pydantic and the standard library only).
+
+The agent imports this module and nothing else of the control plane. Two requests exist:
+`POST /api/v1/agents/register` (bootstrap token, `RegisterRequest` -> `RegisterResponse`) and
+`POST /api/v1/agents/heartbeat` (agent token, `Heartbeat` -> `HeartbeatReply`). Every model
+ignores fields it does not know, so a newer agent can talk to an older control plane and back.
+
+`Manifest.digest()` is the one digest of a weight snapshot: the CLI computes it at registration,
+the control plane stores it, the agent keys its snapshot store by it and verifies against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+WIRE_VERSION = 1
+REGISTER_PATH = "/api/v1/agents/register"
+HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
+DEFAULT_HEARTBEAT_INTERVAL_S = 5.0
+DEFAULT_PORT_RANGE = (18000, 18099)
+
+# Host and deployment names: DNS-label-like, so they work in URLs, metric labels and hostnames.
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+# Model version tags are a little looser (v1, 2024-05-01, v1.2-rc1) but never contain '/' or ':'.
+VERSION_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like: a-z, 0-9, '-'")]
+VersionTag = Annotated[str, Field(pattern=VERSION_PATTERN, description="letters, digits, . _ -")]
+Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class InstanceState(StrEnum):
+    """Observed state of one engine instance, as the agent reports it."""
+
+    PENDING = "pending"  # known to the agent, nothing done yet
+    DOWNLOADING = "downloading"  # fetching / verifying the weight snapshot
+    STARTING = "starting"  # process started, waiting for /health/ready
+    READY = "ready"  # serving; the gateway may route to it
+    UNHEALTHY = "unhealthy"  # running but failing liveness / readiness probes
+    BACKOFF = "backoff"  # exited, waiting to be restarted
+    CRASH_LOOP = "crash_loop"  # restarted too often; still retried, with the longest backoff
+    STOPPING = "stopping"  # draining: SIGTERM sent, waiting for exit
+    STOPPED = "stopped"  # not running, on purpose
+    FAILED = "failed"  # cannot run (preflight failed, snapshot rejected, bad config)
+
+
+class DesiredInstanceState(StrEnum):
+    """What the control plane wants an instance to be."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class HostState(StrEnum):
+    """Health of a host as the control plane sees it (from heartbeat freshness)."""
+
+    READY = "ready"
+    NOT_READY = "not_ready"  # no heartbeat for 3 intervals
+    UNREACHABLE = "unreachable"  # no heartbeat for 10 intervals
+
+
+GpuBackendName = Literal["nvml", "fake"]
+CheckStatus = Literal["pass", "warn", "fail"]
+VersionLine = Literal["base", "diffusion", "finetune"]
+
+
+class WireModel(BaseModel):
+    """Base of every wire message: unknown fields are ignored for forward compatibility."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+# --- weight snapshots --------------------------------------------------------------------------
+
+
+class ManifestEntry(WireModel):
+    """One file of a weight snapshot: path relative to the snapshot root, size, sha256."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    size: int = Field(ge=0)
+    sha256: Sha256
+
+    @field_validator("path")
+    @classmethod
+    def _relative_posix_path(cls, value: str) -> str:
+        if value.startswith("/") or "\\" in value or re.match(r"^[A-Za-z]:", value):
+            raise ValueError(f"manifest path {value!r} must be relative, with '/' separators")
+        parts = value.split("/")
+        if any(part in {"", ".", ".."} for part in parts):
+            raise ValueError(f"manifest path {value!r} must not contain '', '.' or '..' parts")
+        if any(ord(c) < 32 for c in value):
+            raise ValueError(f"manifest path {value!r} must not contain control characters")
+        return value
+
+
+class Manifest(WireModel):
+    """Every file of a weight snapshot; `digest()` identifies the snapshot."""
+
+    files: list[ManifestEntry] = Field(min_length=1, max_length=100_000)
+
+    @model_validator(mode="after")
+    def _unique_paths(self) -> Manifest:
+        seen: set[str] = set()
+        for entry in self.files:
+            if entry.path in seen:
+                raise ValueError(f"manifest lists {entry.path!r} twice")
+            seen.add(entry.path)
+        return self
+
+    def canonical_json(self) -> bytes:
+        """The bytes the digest is taken over: entries sorted by path, compact sorted-key JSON."""
+        entries = [
+            {"path": e.path, "sha256": e.sha256, "size": e.size}
+            for e in sorted(self.files, key=lambda e: e.path)
+        ]
+        return json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()
+
+    def digest(self) -> str:
+        """sha256 (64 hex digits) of `canonical_json()`: the snapshot's content address."""
+        return hashlib.sha256(self.canonical_json()).hexdigest()
+
+    def total_bytes(self) -> int:
+        """Sum of all file sizes."""
+        return sum(e.size for e in self.files)
+
+
+class MemoryPlan(WireModel):
+    """GPU memory a model version needs, computed by the CLI at registration (no torch needed)."""
+
+    weights_bytes: int = Field(ge=0, description="bytes of all weights in the serving dtype")
+    kv_bytes_per_token: int = Field(ge=0, description="KV cache bytes per token, all layers")
+    dtype: str = Field(default="bfloat16", max_length=32)
+    max_context_tokens: int | None = Field(default=None, ge=1)
+    activation_bytes: int = Field(default=0, ge=0, description="working memory headroom")
+    num_parameters: int | None = Field(default=None, ge=0)
+
+    def required_bytes(self, kv_tokens: int) -> int:
+        """Bytes needed to hold the weights, activations and a KV cache of `kv_tokens` tokens."""
+        return self.weights_bytes + self.activation_bytes + self.kv_bytes_per_token * kv_tokens
+
+
+# --- registration ------------------------------------------------------------------------------
+
+
+class RegisterRequest(WireModel):
+    """Sent once with a bootstrap token; re-registering a known name re-issues its agent token."""
+
+    name: Name = Field(description="host name in the fleet, usually the short hostname")
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    port_range: tuple[Port, Port] = DEFAULT_PORT_RANGE
+    facts: HostFacts | None = None
+
+    @field_validator("labels")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$", key):
+                raise ValueError(f"label key {key!r}: letters, digits, '.', '_', '-', '/'")
+            if len(val) > 128:
+                raise ValueError(f"label {key!r}: value longer than 128 characters")
+        return value
+
+    @field_validator("port_range")
+    @classmethod
+    def _ordered_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] > value[1]:
+            raise ValueError(f"port range {value[0]}-{value[1]}: first port above last")
+        return value
+
+
+class RegisterResponse(WireModel):
+    """The host record and the agent token (shown once) bound to that host."""
+
+    host_id: int
+    host_name: str
+    agent_token: str
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+
+
+# --- heartbeat: what the agent reports ---------------------------------------------------------
+
+
+class PreflightCheck(WireModel):
+    """Result of one preflight check."""
+
+    name: str = Field(max_length=64)
+    status: CheckStatus
+    reason: str = Field(default="", max_length=1000)
+
+
+class HostFacts(WireModel):
+    """Slow-changing facts about the host; the control plane stores them when they change."""
+
+    hostname: str = Field(default="", max_length=255)
+    os: str = Field(default="", max_length=255)
+    agent_version: str = Field(default="", max_length=64)
+    gpu_backend: GpuBackendName = "fake"
+    driver_version: str | None = Field(default=None, max_length=64)
+    cuda_driver_version: str | None = Field(default=None, max_length=32)
+    cpu_count: int | None = Field(default=None, ge=0)
+    memory_bytes: int | None = Field(default=None, ge=0)
+    disk_free_bytes: int | None = Field(default=None, ge=0)
+    preflight: list[PreflightCheck] = Field(default_factory=list, max_length=64)
+
+    def preflight_ok(self) -> bool:
+        """True when no preflight check failed."""
+        return all(check.status != "fail" for check in self.preflight)
+
+
+class GpuStatus(WireModel):
+    """One GPU: identity plus its latest sample. Fields NVML does not support are None (N/A)."""
+
+    index: int = Field(ge=0, le=1023)
+    uuid: str = Field(max_length=128)
+    name: str = Field(default="", max_length=128)
+    memory_total_bytes: int = Field(default=0, ge=0)
+    memory_used_bytes: int = Field(default=0, ge=0)
+    utilization_percent: float | None = Field(default=None, ge=0, le=100)
+    temperature_c: float | None = Field(default=None, ge=-50, le=200)
+    power_w: float | None = Field(default=None, ge=0)
+    power_limit_w: float | None = Field(default=None, ge=0)
+    ecc_uncorrectable: int | None = Field(default=None, ge=0)
+    persistence_mode: bool | None = None
+    compute_capability: str | None = Field(default=None, max_length=16)
+
+
+class ExitInfo(WireModel):
+    """How an engine process last ended."""
+
+    code: int | None = None
+    signal: int | None = None
+    reason: str = Field(default="", max_length=1000)
+    at: datetime | None = None
+
+
+class ObservedInstance(WireModel):
+    """An engine instance as the agent sees it."""
+
+    instance_id: int = Field(ge=1)
+    state: InstanceState
+    pid: int | None = Field(default=None, ge=1)
+    port: Port | None = None
+    restart_count: int = Field(default=0, ge=0)
+    last_exit: ExitInfo | None = None
+    version_digest: Sha256 | None = None
+    message: str = Field(default="", max_length=1000)
+
+
+class SnapshotProgress(WireModel):
+    """Download / verification progress of one weight snapshot."""
+
+    digest: Sha256
+    state: Literal["downloading", "verifying", "ready", "failed"]
+    bytes_done: int = Field(default=0, ge=0)
+    bytes_total: int = Field(default=0, ge=0)
+    bytes_per_s: float = Field(default=0.0, ge=0)
+    error: str = Field(default="", max_length=1000)
+
+    def percent(self) -> float:
+        """Progress in percent (100 when there is nothing to fetch)."""
+        return 100.0 if self.bytes_total == 0 else 100.0 * self.bytes_done / self.bytes_total
+
+
+class HistogramDelta(WireModel):
+    """Change of one histogram since the last heartbeat: cumulative buckets keyed by `le`."""
+
+    buckets: dict[str, float] = Field(default_factory=dict, max_length=64)
+    sum: float = 0.0
+    count: float = Field(default=0.0, ge=0)
+
+
+class InstanceMetrics(WireModel):
+    """Engine `/metrics` of one instance: counter and histogram deltas, gauges as last seen."""
+
+    instance_id: int = Field(ge=1)
+    counters: dict[str, float] = Field(default_factory=dict, max_length=256)
+    histograms: dict[str, HistogramDelta] = Field(default_factory=dict, max_length=64)
+    gauges: dict[str, float] = Field(default_factory=dict, max_length=256)
+
+
+class Heartbeat(WireModel):
+    """Sent every `heartbeat_interval_s` with an agent token; the host comes from the token."""
+
+    sent_at: datetime | None = None
+    applied_generation: int = Field(default=0, ge=0, description="last desired state applied")
+    facts: HostFacts = Field(default_factory=HostFacts)
+    gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
+    instances: list[ObservedInstance] = Field(default_factory=list, max_length=256)
+    snapshots: list[SnapshotProgress] = Field(default_factory=list, max_length=64)
+    metrics: list[InstanceMetrics] = Field(default_factory=list, max_length=256)
+
+
+# --- heartbeat reply: the desired state --------------------------------------------------------
+
+
+class ModelVersionRef(WireModel):
+    """Everything an agent needs to fetch and verify a model version's weights."""
+
+    name: str
+    version: str
+    digest: Sha256
+    line: VersionLine = "base"
+    manifest: Manifest
+    source_uri: str = Field(description="where the weights live: a local path or file:// URI")
+    files_url: str | None = Field(
+        default=None,
+        description="control-plane URL prefix serving the files (append the manifest path); "
+        "authenticate with the agent token; supports Range",
+    )
+    memory_plan: MemoryPlan | None = None
+
+
+class DesiredInstance(WireModel):
+    """One instance the host should run (or stop)."""
+
+    instance_id: int
+    deployment: str
+    model: ModelVersionRef
+    port: Port
+    engine_config: dict[str, Any] = Field(default_factory=dict)
+    desired_state: DesiredInstanceState = DesiredInstanceState.RUNNING
+    gpu_indices: list[int] = Field(default_factory=list, description="empty: all GPUs")
+
+
+class HeartbeatReply(WireModel):
+    """The host's desired state; `generation` grows whenever that desired state changes."""
+
+    generation: int = Field(ge=0)
+    host_id: int
+    host_state: HostState = HostState.READY
+    draining: bool = False
+    heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
+    server_time: datetime
+    instances: list[DesiredInstance] = Field(default_factory=list)
+
+
+RegisterRequest.model_rebuild()
