@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli.exits import not_available
+from controlplane.cli.exits import fail, not_available
 
 model_app = typer.Typer(
     help="Model versions: weight snapshots with sha256 manifests.", no_args_is_help=True
@@ -27,6 +27,22 @@ def model_register(name_version: str, directory: str) -> None:
 def model_show(name_version: str) -> None:
     """Show one model version."""
     not_available("model show")
+
+
+@model_app.command("create-demo")
+def model_create_demo(
+    directory: str = typer.Argument(..., help="New (or empty) directory to write."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
+    size: str = typer.Option("tiny", "--size", help="tiny (tests) or small (README demo)."),
+) -> None:
+    """Write a deterministic demo checkpoint (random weights, real tokenizer) into DIRECTORY."""
+    from engine.demo_checkpoint import create_demo_checkpoint
+
+    try:
+        path = create_demo_checkpoint(directory, seed=seed, size=size)
+    except ValueError as exc:
+        fail(str(exc))
+    print(f"demo checkpoint ({size}, seed {seed}) written to {path}")
 
 
 def register(app: typer.Typer) -> None:
