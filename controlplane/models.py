@@ -1,0 +1,216 @@
+"""The store: SQLModel tables of the control plane (one source of truth for the fleet).
+
+Times are stored as naive UTC and read back timezone-aware (`UTCDateTime`), so SQLite and
+PostgreSQL behave the same. JSON columns hold documents that are only ever read whole
+(manifests, engine configs, facts, latest GPU samples).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+
+class UTCDateTime(sa.types.TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC and always returned timezone-aware (UTC)."""
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Normalise to naive UTC before writing."""
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Attach UTC to what the database returns."""
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def utc_column(nullable: bool = True, index: bool = False) -> Any:
+    """A `UTCDateTime` column (SQLModel needs a fresh Column object per field)."""
+    return sa.Column(UTCDateTime(), nullable=nullable, index=index)
+
+
+def json_column(nullable: bool = True) -> Any:
+    """A JSON column (a fresh Column object per field)."""
+    return sa.Column(sa.JSON(), nullable=nullable)
+
+
+def fk(target: str, ondelete: str, nullable: bool = False, index: bool = True) -> Any:
+    """A foreign-key integer column with an explicit ON DELETE rule."""
+    return sa.Column(
+        sa.Integer(), sa.ForeignKey(target, ondelete=ondelete), nullable=nullable, index=index
+    )
+
+
+class Host(SQLModel, table=True):
+    """A GPU host running an agent."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=63, unique=True)
+    labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
+    state: str = Field(default="ready", max_length=16, index=True)
+    draining: bool = False
+    registered_at: datetime = Field(sa_column=utc_column(False))
+    last_seen_at: datetime | None = Field(default=None, sa_column=utc_column())
+    heartbeat_interval_s: float = 5.0
+    port_range_start: int = 18000
+    port_range_end: int = 18099
+    facts: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+    gpu_samples: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
+    # Grows whenever this host's desired state changes; the agent echoes what it applied.
+    desired_generation: int = 1
+    applied_generation: int = 0
+
+
+class Gpu(SQLModel, table=True):
+    """Identity of one GPU of a host (its samples live on Host.gpu_samples and MetricSample)."""
+
+    __table_args__ = (sa.UniqueConstraint("host_id", "index", name="uq_gpu_host_index"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    host_id: int = Field(sa_column=fk("host.id", "CASCADE"))
+    index: int
+    uuid: str = Field(max_length=128)
+    name: str = Field(default="", max_length=128)
+    memory_total_bytes: int = Field(default=0, sa_type=sa.BigInteger)
+    compute_capability: str | None = Field(default=None, max_length=16)
+
+
+class Model(SQLModel, table=True):
+    """A model: a name under which weight snapshots (versions) are registered."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=63, unique=True)
+    created_at: datetime = Field(sa_column=utc_column(False))
+
+
+class ModelVersion(SQLModel, table=True):
+    """An immutable weight snapshot: manifest (path/size/sha256), its digest, line and parent."""
+
+    __table_args__ = (sa.UniqueConstraint("model_id", "version", name="uq_modelversion_tag"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    model_id: int = Field(sa_column=fk("model.id", "CASCADE"))
+    version: str = Field(max_length=64)
+    line: str = Field(default="base", max_length=16)
+    parent_id: int | None = Field(
+        default=None, sa_column=fk("modelversion.id", "RESTRICT", nullable=True)
+    )
+    digest: str = Field(max_length=64, index=True)
+    manifest: list[dict[str, Any]] = Field(sa_column=json_column(False))
+    total_bytes: int = Field(default=0, sa_type=sa.BigInteger)
+    memory_plan: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    source_uri: str = Field(max_length=2048)
+    notes: str = Field(default="", max_length=4000)
+    deprecated: bool = False
+    created_at: datetime = Field(sa_column=utc_column(False))
+
+
+class Deployment(SQLModel, table=True):
+    """A model version served on a set of hosts, N instances per host."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(max_length=63, unique=True)
+    model_id: int = Field(sa_column=fk("model.id", "RESTRICT"))
+    stable_version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
+    engine_config: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+    placement_hosts: list[str] = Field(default_factory=list, sa_column=json_column(False))
+    placement_labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
+    instances_per_host: int = 1
+    created_at: datetime = Field(sa_column=utc_column(False))
+    updated_at: datetime = Field(sa_column=utc_column(False))
+
+
+class Instance(SQLModel, table=True):
+    """One engine process of a deployment on a host: desired and observed state."""
+
+    __table_args__ = (sa.UniqueConstraint("host_id", "port", name="uq_instance_host_port"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE"))
+    host_id: int = Field(sa_column=fk("host.id", "CASCADE"))
+    version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
+    ordinal: int = 0
+    port: int
+    desired_state: str = Field(default="running", max_length=16)
+    observed_state: str = Field(default="pending", max_length=16)
+    pid: int | None = None
+    restart_count: int = 0
+    last_exit: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    observed_digest: str | None = Field(default=None, max_length=64)
+    message: str = Field(default="", max_length=1000)
+    created_at: datetime = Field(sa_column=utc_column(False))
+    observed_at: datetime | None = Field(default=None, sa_column=utc_column())
+
+
+class Rollout(SQLModel, table=True):
+    """A canary rollout of a deployment to a new version (fields and states; no controller yet)."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE"))
+    from_version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
+    to_version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
+    state: str = Field(default="progressing", max_length=16, index=True)
+    step_index: int = 0
+    canary_weight: int = 0
+    steps: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
+    analysis: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
+    message: str = Field(default="", max_length=1000)
+    created_at: datetime = Field(sa_column=utc_column(False))
+    updated_at: datetime = Field(sa_column=utc_column(False))
+
+
+ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back")
+
+
+class Event(SQLModel, table=True):
+    """Append-only audit log entry."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    time: datetime = Field(sa_column=utc_column(False, index=True))
+    actor: str = Field(max_length=128)
+    kind: str = Field(max_length=64, index=True)
+    subject: str = Field(max_length=200, index=True)
+    message: str = Field(default="", max_length=2000)
+    data: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+
+
+class ApiToken(SQLModel, table=True):
+    """A bearer token: only the SHA-256 of the secret is stored."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    key_id: str = Field(max_length=32, unique=True)
+    name: str = Field(max_length=63, index=True)
+    role: str = Field(max_length=16)
+    secret_sha256: str = Field(max_length=64)
+    host_id: int | None = Field(default=None, sa_column=fk("host.id", "CASCADE", nullable=True))
+    expires_at: datetime | None = Field(default=None, sa_column=utc_column())
+    uses_left: int | None = None
+    created_at: datetime = Field(sa_column=utc_column(False))
+    created_by: str = Field(default="", max_length=128)
+    last_used_at: datetime | None = Field(default=None, sa_column=utc_column())
+    revoked_at: datetime | None = Field(default=None, sa_column=utc_column())
+
+
+class MetricSample(SQLModel, table=True):
+    """A downsampled point of a host or instance series (one per series per 10 s)."""
+
+    __table_args__ = (sa.Index("ix_metricsample_series", "host_id", "name", "time"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    host_id: int = Field(sa_column=fk("host.id", "CASCADE", index=False))
+    instance_id: int | None = Field(
+        default=None, sa_column=fk("instance.id", "CASCADE", nullable=True)
+    )
+    name: str = Field(max_length=128)
+    time: datetime = Field(sa_column=utc_column(False, index=True))
+    value: float
