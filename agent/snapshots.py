@@ -1,0 +1,288 @@
+"""Content-addressed weight snapshots, verified before use.
+
+Layout under the store root:
+    snapshots/<digest>/...   complete, verified snapshots (files read-only); engines load these
+    manifests/<digest>.json  the manifest each snapshot was verified against; its mtime = last use
+    partial/<digest>/...     a fetch in progress (kept across agent restarts so HTTP can resume)
+
+A fetch streams every file through sha256 while copying it, compares size and digest with the
+manifest, and only then renames the whole directory into `snapshots/` in one step, so an engine
+never sees a half-written or unverified snapshot. A mismatch deletes the partial data and names
+the file; whatever snapshot was serving before stays in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote, unquote, urlparse
+
+import httpx
+
+from controlplane.wire import Manifest, ManifestEntry, SnapshotProgress
+
+CHUNK = 1 << 20
+DEFAULT_KEEP = 3
+ProgressCallback = Callable[[SnapshotProgress], None]
+FetchState = Literal["downloading", "verifying", "ready", "failed"]
+
+
+class SnapshotError(Exception):
+    """A snapshot cannot be fetched or used; the message says which file and what to do."""
+
+
+class SnapshotMismatch(SnapshotError):
+    """A file's size or sha256 differs from the manifest: the source is corrupt or was changed."""
+
+    def __init__(self, digest: str, path: str, expected: str, actual: str) -> None:
+        super().__init__(
+            f"snapshot {digest[:12]}: file {path} does not match the manifest "
+            f"(expected {expected}, got {actual}); the source is corrupt or was modified after "
+            "registration - fix the source or register a new version"
+        )
+        self.path = path
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of re-hashing a stored snapshot."""
+
+    digest: str
+    ok: bool
+    bad_files: list[str]
+
+
+class _Meter:
+    """Bytes done and rate of one fetch, reported at most every `interval_s`."""
+
+    def __init__(
+        self, digest: str, total: int, callback: ProgressCallback | None, interval_s: float = 0.5
+    ) -> None:
+        self.digest, self.total, self.callback = digest, total, callback
+        self.interval_s = interval_s
+        self.done = 0
+        self.started = time.monotonic()
+        self._last = 0.0
+
+    def progress(self, state: FetchState = "downloading", error: str = "") -> SnapshotProgress:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        return SnapshotProgress(
+            digest=self.digest,
+            state=state,
+            bytes_done=min(self.done, self.total),
+            bytes_total=self.total,
+            bytes_per_s=self.done / elapsed,
+            error=error[:1000],
+        )
+
+    def add(self, count: int) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.callback and now - self._last >= self.interval_s:
+            self._last = now
+            self.callback(self.progress())
+
+    def finish(self, state: FetchState, error: str = "") -> None:
+        if self.callback:
+            self.callback(self.progress(state, error))
+
+
+class SnapshotStore:
+    """Verified, content-addressed weight snapshots under one directory; keeps the last N."""
+
+    def __init__(
+        self, root: Path, keep: int = DEFAULT_KEEP, http: httpx.Client | None = None
+    ) -> None:
+        self.root = root
+        self.keep = keep
+        self._http = http
+        for sub in ("snapshots", "manifests", "partial"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    def path_for(self, digest: str) -> Path:
+        """Where the verified snapshot with this digest lives (whether or not it exists yet)."""
+        return self.root / "snapshots" / digest
+
+    def has(self, digest: str) -> bool:
+        """True when a verified snapshot with this digest is in the store."""
+        return self.path_for(digest).is_dir() and self._manifest_file(digest).is_file()
+
+    def digests(self) -> list[str]:
+        """Stored snapshots, most recently used first."""
+        found = [d.name for d in (self.root / "snapshots").iterdir() if self.has(d.name)]
+        return sorted(found, key=lambda d: self._manifest_file(d).stat().st_mtime, reverse=True)
+
+    def touch(self, digest: str) -> None:
+        """Mark a snapshot as used now (it is the last to be pruned)."""
+        os.utime(self._manifest_file(digest))
+
+    def _manifest_file(self, digest: str) -> Path:
+        return self.root / "manifests" / f"{digest}.json"
+
+    def fetch(
+        self,
+        manifest: Manifest,
+        source_uri: str,
+        files_url: str | None = None,
+        headers: dict[str, str] | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> Path:
+        """Make the snapshot present and verified; returns its path. Raises `SnapshotError`."""
+        digest = manifest.digest()
+        if self.has(digest):
+            self.touch(digest)
+            return self.path_for(digest)
+        partial = self.root / "partial" / digest
+        partial.mkdir(parents=True, exist_ok=True)
+        meter = _Meter(digest, manifest.total_bytes(), progress)
+        local = _local_source(source_uri)
+        try:
+            for entry in manifest.files:
+                target = partial / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if local is not None and (local / entry.path).is_file():
+                    actual = _copy_hashing(local / entry.path, target, meter)
+                elif files_url:
+                    actual = self._download(files_url, entry, target, headers or {}, meter)
+                else:
+                    raise SnapshotError(
+                        f"snapshot {digest[:12]}: file {entry.path} is not under {source_uri} "
+                        "and the control plane offers no file URL: make the source reachable "
+                        "from this host"
+                    )
+                expected = f"{entry.size} bytes sha256 {entry.sha256[:12]}"
+                if actual != (entry.size, entry.sha256):
+                    got = f"{actual[0]} bytes sha256 {actual[1][:12]}"
+                    raise SnapshotMismatch(digest, entry.path, expected, got)
+        except SnapshotError as exc:
+            shutil.rmtree(partial, ignore_errors=True)
+            meter.finish("failed", str(exc))
+            raise
+        except (OSError, httpx.HTTPError) as exc:
+            # Transfer problems keep the partial data: the next attempt resumes over HTTP.
+            meter.finish("failed", f"{exc}")
+            raise SnapshotError(f"snapshot {digest[:12]}: fetch interrupted: {exc}") from exc
+        self._commit(digest, manifest, partial)
+        meter.finish("ready")
+        return self.path_for(digest)
+
+    def _commit(self, digest: str, manifest: Manifest, partial: Path) -> None:
+        for path in partial.rglob("*"):
+            if path.is_file():
+                path.chmod(0o444)  # a snapshot is immutable; make accidental writes fail
+        tmp = self._manifest_file(digest).with_suffix(".json.tmp")
+        tmp.write_text(manifest.model_dump_json())
+        os.replace(partial, self.path_for(digest))
+        os.replace(tmp, self._manifest_file(digest))
+
+    def _download(
+        self,
+        files_url: str,
+        entry: ManifestEntry,
+        target: Path,
+        headers: dict[str, str],
+        meter: _Meter,
+    ) -> tuple[int, str]:
+        digest = hashlib.sha256()
+        have = target.stat().st_size if target.exists() else 0
+        if have > entry.size:
+            target.unlink()
+            have = 0
+        if have:
+            # Resume: hash what is already there, then ask only for the rest.
+            with target.open("rb") as handle:
+                while chunk := handle.read(CHUNK):
+                    digest.update(chunk)
+            meter.add(have)
+        if have == entry.size:
+            return have, digest.hexdigest()
+        url = f"{files_url.rstrip('/')}/{quote(entry.path)}"
+        request_headers = dict(headers)
+        if have:
+            request_headers["Range"] = f"bytes={have}-"
+        client = self._http or httpx.Client(timeout=httpx.Timeout(30.0, read=300.0))
+        try:
+            with client.stream("GET", url, headers=request_headers) as response:
+                if response.status_code == 200 and have:
+                    # The server ignored the Range: start this file over.
+                    digest, have = hashlib.sha256(), 0
+                    meter.done -= target.stat().st_size
+                elif response.status_code not in (200, 206):
+                    raise SnapshotError(
+                        f"GET {url}: HTTP {response.status_code}: "
+                        f"{response.read()[:200].decode(errors='replace')}"
+                    )
+                size = have
+                with target.open("ab" if have else "wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+                        digest.update(chunk)
+                        size += len(chunk)
+                        meter.add(len(chunk))
+        finally:
+            if self._http is None:
+                client.close()
+        return size, digest.hexdigest()
+
+    def verify(self, digest: str) -> VerifyResult:
+        """Re-hash every file of a stored snapshot against its manifest."""
+        if not self.has(digest):
+            raise SnapshotError(f"snapshot {digest[:12]} is not in the store {self.root}")
+        manifest = Manifest.model_validate_json(self._manifest_file(digest).read_text())
+        bad = []
+        for entry in manifest.files:
+            path = self.path_for(digest) / entry.path
+            if not path.is_file() or _hash_file(path) != (entry.size, entry.sha256):
+                bad.append(entry.path)
+        return VerifyResult(digest=digest, ok=not bad, bad_files=bad)
+
+    def remove(self, digest: str) -> None:
+        """Delete one snapshot (e.g. after it failed verification)."""
+        self._manifest_file(digest).unlink(missing_ok=True)
+        shutil.rmtree(self.path_for(digest), ignore_errors=True)
+
+    def prune(self, in_use: set[str]) -> list[str]:
+        """Keep the `keep` most recently used snapshots plus any in use; return those removed."""
+        removed = []
+        for digest in self.digests()[self.keep :]:
+            if digest not in in_use:
+                self.remove(digest)
+                removed.append(digest)
+        return removed
+
+
+def _local_source(source_uri: str) -> Path | None:
+    parsed = urlparse(source_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme in ("", "local") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return Path(source_uri)
+    return None
+
+
+def _copy_hashing(source: Path, target: Path, meter: _Meter) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with source.open("rb") as src, target.open("wb") as out:
+        while chunk := src.read(CHUNK):
+            out.write(chunk)
+            digest.update(chunk)
+            size += len(chunk)
+            meter.add(len(chunk))
+    return size, digest.hexdigest()
+
+
+def _hash_file(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
