@@ -1,0 +1,54 @@
+"""dctl's inference engine for MoE block-diffusion language models.
+
+Public names are re-exported here. Torch-free ones are imported at once; the rest load on first
+use (PEP 562), so `import engine.config` / `engine.memory` never pulls in torch: the CLI and the
+agent rely on that. To export a torch-dependent name, add it to `_LAZY` (name -> module).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engine.config import ModelConfig
+from engine.errors import CheckpointError, ContextLengthExceeded, EngineError, InvalidParams
+from engine.memory import MemoryPlan, plan_memory
+
+_LAZY: dict[str, str] = {
+    "Model": "engine.model",
+    "KVCache": "engine.kv_cache",
+    "load_model": "engine.loader",
+    "load_tokenizer": "engine.loader",
+    "load_checkpoint_config": "engine.loader",
+    "Tokenizer": "engine.tokenizer",
+}
+
+if TYPE_CHECKING:
+    from engine.kv_cache import KVCache
+    from engine.loader import load_checkpoint_config, load_model, load_tokenizer
+    from engine.model import Model
+    from engine.tokenizer import Tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = [
+    "CheckpointError",
+    "ContextLengthExceeded",
+    "EngineError",
+    "InvalidParams",
+    "KVCache",
+    "MemoryPlan",
+    "Model",
+    "ModelConfig",
+    "Tokenizer",
+    "load_checkpoint_config",
+    "load_model",
+    "load_tokenizer",
+    "plan_memory",
+]

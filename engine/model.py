@@ -1,0 +1,372 @@
+"""The Qwen3 / Qwen3-MoE (SDAR) transformer with block-causal attention and a slot KV cache.
+
+One forward serves every use: the parity form `model(ids, block_size=B)`, a prompt prefill that
+writes the cache and wants logits of one row, and a denoising step that runs a block against the
+cache and wants logits of its still-masked rows only (`logits_rows`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from engine.config import ModelConfig
+from engine.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    """RMS normalisation computed in fp32, scaled by a learned weight (as Qwen3 does)."""
+
+    def __init__(self, dim: int, eps: float, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Normalises over the last dimension."""
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Applies rotary embedding in the half-split layout HF uses (not interleaved)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """GQA attention with per-head q/k RMSNorm; q, k and v come from one fused projection."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q, kv, kv)
+        self.wqkv = nn.Linear(
+            cfg.hidden_size, q + 2 * kv, bias=cfg.attention_bias, dtype=dtype, device=device
+        )
+        self.wo = nn.Linear(q, cfg.hidden_size, bias=cfg.attention_bias, dtype=dtype, device=device)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype=dtype, device=device)
+
+    def forward(self, x: Tensor, ctx: _Step, layer: int) -> Tensor:
+        """Attends x (N, T, hidden) to the cached prefix and to itself under ctx's mask."""
+        n, t, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q = self.q_norm(q.view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, ctx.cos, ctx.sin), rotate(k, ctx.cos, ctx.sin)
+        keys, values = k, v
+        if ctx.cache is not None:
+            if ctx.cached_len > 0:
+                ck, cv = ctx.cache.read(layer, ctx.slots, ctx.cached_len)
+                keys, values = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
+            # Written after the read so a call that rewrites cached positions sees the old ones.
+            if ctx.write_cache:
+                ctx.cache.write(layer, ctx.slots, ctx.positions, k, v)
+        out = F.scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            attn_mask=ctx.mask,
+            is_causal=ctx.mask is None and t > 1,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return self.wo(out.transpose(1, 2).reshape(n, t, -1))
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU MLP with gate and up fused into one projection (gate rows first)."""
+
+    def __init__(
+        self, hidden: int, inter: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Linear(hidden, 2 * inter, bias=False, dtype=dtype, device=device)
+        self.w_down = nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (S, hidden) -> (S, hidden)."""
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class MoE(nn.Module):
+    """Softmax top-k router over stacked experts, computed grouped by expert."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.num_experts, self.top_k, self.norm_topk_prob = (
+            e,
+            cfg.num_experts_per_tok,
+            cfg.norm_topk_prob,
+        )
+        self.router = nn.Parameter(torch.empty(e, h, dtype=dtype, device=device))
+        self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
+        self.w_down = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (S, hidden) -> (output (S, hidden), tokens routed to each expert (E,) int64)."""
+        s = x.shape[0]
+        # Routing probabilities in fp32, so bf16 models pick the same experts as the reference.
+        probs = F.linear(x, self.router).softmax(dim=-1, dtype=torch.float32)
+        weights, experts = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        flat = experts.view(-1)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        order = flat.argsort(stable=True)
+        # Token order grouped by expert: one matmul per active expert, not per token.
+        grouped = x[order // self.top_k]
+        out = torch.empty_like(grouped)
+        start = 0
+        for e, c in enumerate(counts.tolist()):
+            if c == 0:
+                continue
+            end = start + c
+            gate, up = F.linear(grouped[start:end], self.w_gate_up[e]).chunk(2, dim=-1)
+            out[start:end] = F.linear(F.silu(gate) * up, self.w_down[e])
+            start = end
+        # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
+        per_choice = torch.empty_like(out)
+        per_choice[order] = out
+        per_choice = per_choice.view(s, self.top_k, -1) * weights.to(x.dtype).unsqueeze(-1)
+        return per_choice.sum(dim=1), counts
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP (dense or MoE) with residuals."""
+
+    def __init__(
+        self, cfg: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        super().__init__()
+        self.index = index
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.attn = Attention(cfg, dtype=dtype, device=device)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.mlp: MoE | DenseMLP = (
+            MoE(cfg, dtype=dtype, device=device)
+            if cfg.is_moe_layer(index)
+            else DenseMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
+        )
+
+    def forward(self, x: Tensor, ctx: _Step) -> Tensor:
+        """x (N, T, hidden) -> (N, T, hidden)."""
+        x = x + self.attn(self.attn_norm(x), ctx, self.index)
+        h = self.mlp_norm(x).view(-1, x.shape[-1])
+        if isinstance(self.mlp, MoE):
+            out, counts = self.mlp(h)
+            if ctx.expert_counts is not None:
+                ctx.expert_counts[self.index] += counts
+        else:
+            out = self.mlp(h)
+        return x + out.view(x.shape)
+
+
+class _Step:
+    """What every layer of one forward shares: rotary tables, the mask, the cache binding."""
+
+    def __init__(
+        self,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        positions: Tensor,
+        cache: KVCache | None,
+        slots: Tensor | None,
+        cached_len: int,
+        write_cache: bool,
+        expert_counts: Tensor | None,
+    ) -> None:
+        self.cos, self.sin, self.mask, self.positions = cos, sin, mask, positions
+        self.cache, self.slots, self.cached_len, self.write_cache = (
+            cache,
+            slots,
+            cached_len,
+            write_cache,
+        )
+        self.expert_counts = expert_counts
+
+
+def attention_mask(
+    positions: Tensor, block: Tensor, cache_lens: Tensor | None, cached_len: int
+) -> Tensor:
+    """Boolean (N, 1, T, cached_len + T) mask: True where a query may attend to a key.
+
+    Cached keys count while below the row's committed length; the call's own keys follow the
+    block-causal rule on absolute positions (key block <= query block).
+    """
+    blocks = positions // block.view(-1, 1)
+    own = blocks.unsqueeze(1) <= blocks.unsqueeze(2)
+    if cached_len == 0 or cache_lens is None:
+        return own.unsqueeze(1)
+    n, t = positions.shape
+    prefix = torch.arange(cached_len, device=positions.device).view(1, 1, -1) < cache_lens.view(
+        -1, 1, 1
+    )
+    return torch.cat((prefix.expand(n, t, cached_len), own), dim=2).unsqueeze(1)
+
+
+class Model(nn.Module):
+    """Decoder-only LM: embeddings, decoder layers, final norm, LM head (tied or not)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__()
+        dev = torch.device(device)
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, dtype=dtype, device=dev) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=dev)
+        self.lm_head = nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=dev
+        )
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        shape = (config.num_layers, max(config.num_experts, 1))
+        self.register_buffer(
+            "inv_freq", torch.empty(config.head_dim // 2, device=dev), persistent=False
+        )
+        self.register_buffer(
+            "expert_counts_total",
+            torch.zeros(shape, dtype=torch.int64, device=dev),
+            persistent=False,
+        )
+        self._track_experts = False
+        if dev.type != "meta":
+            self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Recomputes the rotary frequencies and zeroes the expert counts (after `to_empty`)."""
+        cfg, dev = self.config, self.inv_freq.device
+        exponents = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=dev) / cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta**exponents)
+        if cfg.rope_type == "linear":
+            inv_freq = inv_freq / cfg.rope_factor
+        with torch.no_grad():
+            self.inv_freq.copy_(inv_freq)
+            self.expert_counts_total.zero_()
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights."""
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.embed.weight.device
+
+    def init_random(self, seed: int = 0, std: float = 0.02) -> Model:
+        """Fills the weights with N(0, std) (norms with 1): for tests and benchmarks."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                elif name.endswith("bias"):
+                    p.zero_()
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) * std)
+        return self
+
+    def track_experts(self, enabled: bool = True) -> None:
+        """Turns cumulative per-expert token counting on or off."""
+        self._track_experts = enabled
+
+    def expert_token_counts(self) -> Tensor:
+        """(num_layers, num_experts) int64: tokens routed to each expert since tracking began."""
+        return self.expert_counts_total[:, : self.config.num_experts].clone().cpu()
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor | None = None,
+        *,
+        block_size: int | Tensor = 1,
+        cache: KVCache | None = None,
+        slots: Tensor | None = None,
+        cache_lens: Tensor | None = None,
+        write_cache: bool = False,
+        logits_rows: Tensor | None = None,
+    ) -> Tensor:
+        """Logits (N, T, vocab) in fp32, or (len(logits_rows), vocab) for the flat rows asked for.
+
+        A query at absolute position p attends to its row's cached keys below cache_lens[i] and to
+        this call's keys at positions q with q // B <= p // B (B = 1: causal).
+        """
+        with torch.no_grad():
+            return self._forward(
+                input_ids, positions, block_size, cache, slots, cache_lens, write_cache, logits_rows
+            )
+
+    def _forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor | None,
+        block_size: int | Tensor,
+        cache: KVCache | None,
+        slots: Tensor | None,
+        cache_lens: Tensor | None,
+        write_cache: bool,
+        logits_rows: Tensor | None,
+    ) -> Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (N, T), got shape {tuple(input_ids.shape)}")
+        n, t = input_ids.shape
+        dev = self.device
+        default_positions = positions is None
+        if positions is None:
+            positions = torch.arange(t, device=dev).expand(n, t)
+        elif positions.shape != input_ids.shape:
+            raise ValueError(f"positions {tuple(positions.shape)} must match input_ids {(n, t)}")
+        cached_len = 0
+        if cache is not None:
+            if slots is None or cache_lens is None:
+                raise ValueError("a cache needs slots and cache_lens (one per row)")
+            cached_len = int(cache_lens.max()) if n else 0
+        block = (
+            block_size.to(dev)
+            if isinstance(block_size, Tensor)
+            else torch.tensor([block_size], device=dev)
+        )
+        plain_causal = (
+            default_positions
+            and cached_len == 0
+            and not isinstance(block_size, Tensor)
+            and block_size == 1
+        )
+        # SDPA's is_causal path skips building a mask for the plain causal LM call.
+        mask = None if plain_causal else attention_mask(positions, block, cache_lens, cached_len)
+
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        dtype = self.dtype
+        cos, sin = emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+        counts = self.expert_counts_total if self._track_experts else None
+        ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
+
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, ctx)
+        x = x.view(n * t, -1)
+        if logits_rows is not None:
+            # Norm and LM head only for the rows the caller samples from.
+            x = x[logits_rows]
+        logits = self.lm_head(self.norm(x)).float()
+        return logits if logits_rows is not None else logits.view(n, t, -1)
