@@ -1,0 +1,230 @@
+"""Engine processes as the supervisor sees them: launch, adopt, signal, probe, pid files, logs.
+
+Engines run in their own session, so they outlive an agent restart (the new agent re-adopts them
+from their pid files) and a Ctrl-C aimed at the agent does not reach them. Their output goes
+straight to a log file, never through a pipe the agent holds: a pipe would break when the agent
+restarts and take the engine down with it. Logs are rotated on each (re)start and copy-truncated
+when they grow past the limit while the engine runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+
+class EngineProcess(Protocol):
+    """A running (or finished) engine process."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        """None while running; the exit code once it ended (negative: killed by that signal)."""
+        ...
+
+    def send(self, sig: int) -> None:
+        """Deliver a signal; a process that already ended is ignored."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts engine processes and finds ones started by an earlier agent."""
+
+    def launch(self, argv: list[str], env: dict[str, str], log_path: Path) -> EngineProcess:
+        """Start ARGV with its output appended to LOG_PATH."""
+        ...
+
+    def adopt(self, pid: int, marker: str) -> EngineProcess | None:
+        """The process PID if it is alive and its command line contains MARKER, else None."""
+        ...
+
+
+class Prober(Protocol):
+    """Answers whether an engine endpoint returns 200."""
+
+    def __call__(self, port: int, path: str) -> bool:
+        """True when GET http://127.0.0.1:PORT/PATH answers 200 in time."""
+        ...
+
+
+class ChildProcess:
+    """An engine this agent started."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        """Exit code once ended, reaping the child."""
+        return self._popen.poll()
+
+    def send(self, sig: int) -> None:
+        """Signal the child if it still runs."""
+        if self._popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+class AdoptedProcess:
+    """An engine an earlier agent started: not our child, so its exit code cannot be read."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._gone = False
+
+    def poll(self) -> int | None:
+        """None while alive; -1 once it is gone (code unknown)."""
+        if not self._gone and not _alive(self.pid):
+            self._gone = True
+        return -1 if self._gone else None
+
+    def send(self, sig: int) -> None:
+        """Signal the process if it is still alive."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie has exited; only its parent can reap it.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+class SubprocessLauncher:
+    """Real engine processes via `subprocess.Popen`, each in its own session."""
+
+    def launch(self, argv: list[str], env: dict[str, str], log_path: Path) -> EngineProcess:
+        """Start the engine; stdout and stderr go to the (already rotated) log file."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        return ChildProcess(popen)
+
+    def adopt(self, pid: int, marker: str) -> EngineProcess | None:
+        """Adopt PID only if it is alive and really our engine (guards against pid reuse)."""
+        if not _alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return None
+        return AdoptedProcess(pid) if marker in cmdline else None
+
+
+class HttpProber:
+    """Probes engine health endpoints on loopback with a short timeout."""
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def __call__(self, port: int, path: str) -> bool:
+        """True on HTTP 200."""
+        try:
+            return self._client.get(f"http://127.0.0.1:{port}{path}").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+@dataclass
+class PidRecord:
+    """What survives an agent restart about one engine: enough to adopt it and keep its port."""
+
+    instance_id: int
+    pid: int
+    port: int
+    config_path: str
+    fingerprint: str
+    spec: dict[str, Any] = field(default_factory=dict)
+    restart_count: int = 0
+
+    def save(self, path: Path) -> None:
+        """Write atomically (a torn pid file would make the next agent start a duplicate)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> PidRecord | None:
+        """Read a pid file; None when it is unreadable (then it is ignored)."""
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def rotate_log(path: Path, keep: int) -> None:
+    """engine.log -> engine.log.1 -> ... -> engine.log.KEEP (the oldest is dropped)."""
+    if not path.exists():
+        return
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+    os.replace(path, path.with_name(f"{path.name}.1"))
+
+
+def truncate_if_large(path: Path, max_bytes: int, keep: int) -> bool:
+    """Copy-truncate a log a running engine appends to once it passes MAX_BYTES."""
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    rotate_target = path.with_name(f"{path.name}.rotating")
+    shutil.copyfile(path, rotate_target)
+    # The engine holds the file with O_APPEND, so after truncation it writes at the new end.
+    with path.open("r+b") as handle:
+        handle.truncate(0)
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{n + 1}"))
+    os.replace(rotate_target, path.with_name(f"{path.name}.1"))
+    return True
+
+
+def log_tail(path: Path, lines: int = 5, max_chars: int = 600) -> str:
+    """The last lines of a log, for exit reasons a person can act on."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(size - 8192, 0))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])[-max_chars:]
+
+
+SIGTERM = signal.SIGTERM
+SIGKILL = signal.SIGKILL

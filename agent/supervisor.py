@@ -1,0 +1,493 @@
+"""The supervisor: one engine subprocess per desired instance, kept alive and reported.
+
+It is driven by `tick()` (the agent calls it every fraction of a second) and owns no thread, so
+tests drive it with an injected clock, launcher and prober and never sleep. Per instance:
+
+    starting --/health/ready--> ready --probe fails--> unhealthy --not live--> restart
+        |  no ready within the start-up grace period: restart             |
+        +--process exits--> backoff (1 s doubling to 5 min) --> starting   |
+                              \\-- after `crash_loop_after` failures in a row: crash_loop
+
+Stopping drains: SIGTERM, then SIGKILL after the grace period. Every state change is reported to
+`on_transition`, and `observed()` is what the heartbeat carries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.engine_process import (
+    SIGKILL,
+    SIGTERM,
+    EngineProcess,
+    Launcher,
+    PidRecord,
+    Prober,
+    log_tail,
+    rotate_log,
+    truncate_if_large,
+)
+from agent.gpu import EngineLoad
+from controlplane.wire import ExitInfo, InstanceState, ObservedInstance
+
+log = logging.getLogger("dctl.agent.supervisor")
+Clock = Callable[[], float]
+TransitionCallback = Callable[[int, InstanceState, InstanceState, str], None]
+# Keys the agent decides; a deployment's engine config cannot override them.
+_AGENT_KEYS = {("service", "host"), ("service", "port"), ("model", "path"),
+               ("model", "snapshot_digest")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """Everything that defines one engine process; a change to any of it means a new process."""
+
+    instance_id: int
+    deployment: str
+    digest: str
+    snapshot_path: str
+    port: int
+    gpu_indices: tuple[int, ...] = ()
+    engine_config: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+
+    def fingerprint(self) -> str:
+        """Stable hash of the spec, to tell 'same engine' from 'replace it'."""
+        data = json.dumps(asdict(self), sort_keys=True, default=list)
+        return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InstanceSpec:
+        """Inverse of `dataclasses.asdict` (pid files store specs as JSON)."""
+        return cls(**{**data, "gpu_indices": tuple(data.get("gpu_indices", ()))})
+
+
+def engine_config(spec: InstanceSpec) -> dict[str, Any]:
+    """The engine's YAML config: the deployment's settings plus what the agent decides."""
+    config: dict[str, Any] = {}
+    for section, values in spec.engine_config.items():
+        if isinstance(values, dict):
+            config[section] = {k: v for k, v in values.items() if (section, k) not in _AGENT_KEYS}
+        else:
+            config[section] = values  # the engine rejects it with a message naming the key
+    config.setdefault("service", {}).update(host="127.0.0.1", port=spec.port)
+    model = config.setdefault("model", {})
+    model.update(path=spec.snapshot_path, snapshot_digest=spec.digest)
+    model.setdefault("served_name", spec.deployment)
+    config.setdefault("resources", {}).setdefault("device", spec.device)
+    config.setdefault("logging", {}).setdefault("format", "json")
+    return config
+
+
+@dataclass(frozen=True)
+class SupervisorPolicy:
+    """Timings of probes, restarts and draining."""
+
+    startup_grace_s: float = 600.0  # real models take minutes to load
+    probe_interval_s: float = 2.0
+    liveness_failures: int = 3
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 300.0
+    crash_loop_after: int = 5
+    stable_after_s: float = 60.0  # ready this long: the failure streak is forgiven
+    stop_grace_s: float = 30.0
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_keep: int = 3
+
+    def backoff_s(self, failures: int) -> float:
+        """Delay before restart number FAILURES (1-based) in a streak."""
+        return float(min(self.backoff_initial_s * 2 ** max(failures - 1, 0), self.backoff_max_s))
+
+
+@dataclass
+class _Instance:
+    spec: InstanceSpec
+    state: InstanceState = InstanceState.PENDING
+    process: EngineProcess | None = None
+    started_at: float = 0.0
+    ready_since: float | None = None
+    restart_count: int = 0
+    failures: int = 0
+    next_start_at: float = 0.0
+    next_probe_at: float = 0.0
+    probe_failures: int = 0
+    stop_deadline: float | None = None
+    killed: bool = False
+    after_stop: str = "stay"  # "stay" stopped, "restart" after a failure, "remove" forget it
+    last_exit: ExitInfo | None = None
+    message: str = ""
+    busy_ratio: float = 0.0
+
+
+class Supervisor:
+    """Starts, probes, restarts and stops engine processes; see the module docstring."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        launcher: Launcher,
+        prober: Prober,
+        clock: Clock = time.monotonic,
+        policy: SupervisorPolicy | None = None,
+        engine_command: list[str] | None = None,
+        on_transition: TransitionCallback | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.run_dir = run_dir
+        self.launcher, self.prober, self.clock = launcher, prober, clock
+        self.policy = policy or SupervisorPolicy()
+        self.engine_command = engine_command or [
+            sys.executable, "-m", "controlplane.cli", "engine", "serve"]  # fmt: skip
+        self.on_transition = on_transition
+        self.env = env if env is not None else dict(os.environ)
+        self._instances: dict[int, _Instance] = {}
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    # --- paths ---------------------------------------------------------------------------------
+
+    def _pid_file(self, instance_id: int) -> Path:
+        return self.run_dir / f"instance-{instance_id}.json"
+
+    def config_path(self, instance_id: int) -> Path:
+        """The generated engine config of an instance."""
+        return self.run_dir / f"instance-{instance_id}.yaml"
+
+    def log_path(self, instance_id: int) -> Path:
+        """The engine's log file (rotated: .1, .2, ...)."""
+        return self.run_dir / "logs" / f"instance-{instance_id}.log"
+
+    # --- desired state ------------------------------------------------------------------------
+
+    def ensure(self, spec: InstanceSpec) -> None:
+        """Run SPEC. An instance already running another spec is drained and replaced."""
+        current = self._instances.get(spec.instance_id)
+        if current is None:
+            self._instances[spec.instance_id] = _Instance(spec=spec)
+            self._start(self._instances[spec.instance_id])
+            return
+        if current.spec.fingerprint() == spec.fingerprint():
+            if current.state == InstanceState.STOPPED:
+                current.failures = 0
+                self._start(current)
+            elif current.state == InstanceState.STOPPING and current.after_stop != "restart":
+                current.after_stop = "restart"
+            return
+        log.info("instance %s: spec changed, replacing the engine", spec.instance_id)
+        current.spec = spec
+        current.failures = 0
+        if current.process is None or current.state in (
+            InstanceState.BACKOFF, InstanceState.CRASH_LOOP, InstanceState.STOPPED,
+            InstanceState.PENDING, InstanceState.FAILED,
+        ):  # fmt: skip
+            self._start(current)
+        else:
+            self._begin_stop(current, then="restart", reason="replaced by a new spec")
+
+    def stop(self, instance_id: int, remove: bool = False) -> None:
+        """Drain and stop an instance; with REMOVE it is forgotten once it has exited."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return
+        if inst.process is None or inst.process.poll() is not None:
+            self._finish_stop(inst, remove)
+            return
+        self._begin_stop(inst, then="remove" if remove else "stay", reason="stop requested")
+
+    def mark_failed(self, instance_id: int, spec: InstanceSpec, reason: str) -> None:
+        """Record an instance that cannot run (e.g. its snapshot was rejected)."""
+        inst = self._instances.setdefault(instance_id, _Instance(spec=spec))
+        if inst.process is None or inst.process.poll() is not None:
+            self._set(inst, InstanceState.FAILED, reason)
+        else:
+            inst.message = reason  # the engine already running keeps serving
+
+    def instance_ids(self) -> list[int]:
+        """Every instance the supervisor knows."""
+        return sorted(self._instances)
+
+    def spec_of(self, instance_id: int) -> InstanceSpec | None:
+        """The spec an instance runs (None if unknown)."""
+        inst = self._instances.get(instance_id)
+        return inst.spec if inst else None
+
+    def state_of(self, instance_id: int) -> InstanceState | None:
+        """Current state of an instance (None if unknown)."""
+        inst = self._instances.get(instance_id)
+        return inst.state if inst else None
+
+    def set_busy(self, instance_id: int, ratio: float) -> None:
+        """How busy the engine is (0..1), from its metrics; the fake GPUs follow it."""
+        if inst := self._instances.get(instance_id):
+            inst.busy_ratio = max(0.0, min(ratio, 1.0))
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def _set(self, inst: _Instance, state: InstanceState, message: str = "") -> None:
+        old = inst.state
+        inst.state = state
+        inst.message = message
+        if old != state:
+            log.info(
+                "instance %s: %s -> %s %s", inst.spec.instance_id, old.value, state.value, message
+            )
+            if self.on_transition:
+                self.on_transition(inst.spec.instance_id, old, state, message)
+
+    def _start(self, inst: _Instance) -> None:
+        spec = inst.spec
+        config_path = self.config_path(spec.instance_id)
+        config_path.write_text(yaml.safe_dump(engine_config(spec), sort_keys=True))
+        log_path = self.log_path(spec.instance_id)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        rotate_log(log_path, self.policy.log_keep)
+        env = dict(self.env)
+        if spec.gpu_indices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
+        argv = [*self.engine_command, "--config", str(config_path)]
+        try:
+            inst.process = self.launcher.launch(argv, env, log_path)
+        except OSError as exc:
+            inst.process = None
+            self._fail(inst, ExitInfo(reason=f"cannot start {argv[0]}: {exc}"))
+            return
+        now = self.clock()
+        inst.started_at = now
+        inst.next_probe_at = now
+        inst.probe_failures = 0
+        inst.ready_since = None
+        inst.stop_deadline = None
+        inst.killed = False
+        inst.after_stop = "stay"
+        self._save_pid(inst)
+        self._set(inst, InstanceState.STARTING, f"pid {inst.process.pid} on port {spec.port}")
+
+    def _save_pid(self, inst: _Instance) -> None:
+        assert inst.process is not None
+        PidRecord(
+            instance_id=inst.spec.instance_id,
+            pid=inst.process.pid,
+            port=inst.spec.port,
+            config_path=str(self.config_path(inst.spec.instance_id)),
+            fingerprint=inst.spec.fingerprint(),
+            spec=asdict(inst.spec),
+            restart_count=inst.restart_count,
+        ).save(self._pid_file(inst.spec.instance_id))
+
+    def _begin_stop(self, inst: _Instance, then: str, reason: str) -> None:
+        assert inst.process is not None
+        inst.process.send(SIGTERM)
+        inst.stop_deadline = self.clock() + self.policy.stop_grace_s
+        inst.after_stop = then
+        self._set(inst, InstanceState.STOPPING, reason)
+
+    def _finish_stop(self, inst: _Instance, remove: bool) -> None:
+        inst.process = None
+        self._pid_file(inst.spec.instance_id).unlink(missing_ok=True)
+        if remove:
+            self._set(inst, InstanceState.STOPPED, "removed")
+            del self._instances[inst.spec.instance_id]
+        else:
+            self._set(inst, InstanceState.STOPPED, "stopped")
+
+    def _fail(self, inst: _Instance, exit_info: ExitInfo) -> None:
+        """A crash or failed health: schedule a restart with backoff."""
+        inst.last_exit = exit_info
+        inst.process = None
+        inst.failures += 1
+        inst.restart_count += 1
+        delay = self.policy.backoff_s(inst.failures)
+        inst.next_start_at = self.clock() + delay
+        state = (
+            InstanceState.CRASH_LOOP
+            if inst.failures >= self.policy.crash_loop_after
+            else InstanceState.BACKOFF
+        )
+        self._set(inst, state, f"{exit_info.reason}; restart in {delay:.0f} s")
+
+    def _exit_info(self, inst: _Instance, code: int | None, reason: str) -> ExitInfo:
+        """How the engine ended; CODE < 0 is a signal, -1 an adopted process of unknown fate."""
+        tail = log_tail(self.log_path(inst.spec.instance_id))
+        text = reason if not tail else f"{reason}; log: {tail}"
+        return ExitInfo(
+            code=code if code is not None and code >= 0 else None,
+            signal=-code if code is not None and code < -1 else None,
+            reason=text[:1000],
+            at=datetime.now(UTC),
+        )
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Advance every instance: reap exits, probe, restart after backoff, finish drains."""
+        now = self.clock()
+        for inst in list(self._instances.values()):
+            self._tick_one(inst, now)
+
+    def _tick_one(self, inst: _Instance, now: float) -> None:
+        state = inst.state
+        if state in (InstanceState.BACKOFF, InstanceState.CRASH_LOOP):
+            if now >= inst.next_start_at:
+                self._start(inst)
+            return
+        proc = inst.process
+        if proc is None:
+            return
+        code = proc.poll()
+        if state == InstanceState.STOPPING:
+            if code is not None:
+                inst.last_exit = self._exit_info(inst, code, "stopped")
+                if inst.after_stop == "restart":
+                    self._start(inst)
+                else:
+                    self._finish_stop(inst, remove=inst.after_stop == "remove")
+            elif inst.stop_deadline is not None and now >= inst.stop_deadline and not inst.killed:
+                proc.send(SIGKILL)
+                inst.killed = True
+            return
+        if code is not None:
+            what = "exited" if code >= 0 else ("was killed" if code != -1 else "is gone")
+            detail = f"code {code}" if code >= 0 else (f"signal {-code}" if code != -1 else "")
+            self._fail(inst, self._exit_info(inst, code, f"engine {what} {detail}".strip()))
+            return
+        if truncate_if_large(
+            self.log_path(inst.spec.instance_id), self.policy.log_max_bytes, self.policy.log_keep
+        ):
+            log.info("instance %s: log rotated", inst.spec.instance_id)
+        if now < inst.next_probe_at:
+            return
+        inst.next_probe_at = now + self.policy.probe_interval_s
+        port = inst.spec.port
+        if self.prober(port, "/health/ready"):
+            inst.probe_failures = 0
+            if inst.state != InstanceState.READY:
+                inst.ready_since = now
+                self._set(inst, InstanceState.READY, f"serving on port {port}")
+            elif (
+                inst.ready_since is not None
+                and now - inst.ready_since >= self.policy.stable_after_s
+            ):
+                inst.failures = 0
+            return
+        if state == InstanceState.STARTING:
+            if now - inst.started_at > self.policy.startup_grace_s:
+                reason = (
+                    f"not ready within the start-up grace of {self.policy.startup_grace_s:.0f} s"
+                )
+                self._restart_unhealthy(inst, reason)
+            return
+        if self.prober(port, "/health/live"):
+            inst.probe_failures = 0
+            self._set(inst, InstanceState.UNHEALTHY, "alive but not ready")
+            return
+        inst.probe_failures += 1
+        if inst.probe_failures >= self.policy.liveness_failures:
+            self._restart_unhealthy(inst, f"{inst.probe_failures} liveness probes failed")
+        else:
+            self._set(inst, InstanceState.UNHEALTHY, "liveness probe failed")
+
+    def _restart_unhealthy(self, inst: _Instance, reason: str) -> None:
+        assert inst.process is not None
+        inst.process.send(SIGKILL)  # it does not answer, so draining it would only wait
+        self._fail(inst, self._exit_info(inst, None, reason))
+
+    # --- adoption and shutdown -------------------------------------------------------------------
+
+    def adopt_existing(self) -> list[int]:
+        """Take over engines a previous agent left running (pid file + live process + port)."""
+        adopted = []
+        for pid_file in sorted(self.run_dir.glob("instance-*.json")):
+            record = PidRecord.load(pid_file)
+            if record is None:
+                pid_file.unlink(missing_ok=True)
+                continue
+            process = self.launcher.adopt(record.pid, record.config_path)
+            if process is None or not self.prober(record.port, "/health/live"):
+                log.info("instance %s: pid %s is gone, not adopted", record.instance_id, record.pid)
+                pid_file.unlink(missing_ok=True)
+                continue
+            spec = InstanceSpec.from_dict(record.spec)
+            now = self.clock()
+            inst = _Instance(
+                spec=spec,
+                process=process,
+                started_at=now,
+                restart_count=record.restart_count,
+                next_probe_at=now,
+            )
+            self._instances[spec.instance_id] = inst
+            self._set(
+                inst, InstanceState.STARTING, f"adopted pid {record.pid} on port {record.port}"
+            )
+            adopted.append(spec.instance_id)
+        return adopted
+
+    def stop_all(
+        self, timeout_s: float | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        """Drain every engine and wait until all have exited (SIGKILL after the grace period)."""
+        for instance_id in list(self._instances):
+            self.stop(instance_id, remove=True)
+        deadline = self.clock() + (
+            timeout_s if timeout_s is not None else self.policy.stop_grace_s + 5
+        )
+        while self._instances and self.clock() < deadline:
+            self.tick()
+            sleep(0.1)
+
+    # --- reporting -------------------------------------------------------------------------------
+
+    def observed(self) -> list[ObservedInstance]:
+        """Every instance as the heartbeat reports it."""
+        result = []
+        for inst in self._instances.values():
+            pid = inst.process.pid if inst.process is not None else None
+            result.append(
+                ObservedInstance(
+                    instance_id=inst.spec.instance_id,
+                    state=inst.state,
+                    pid=pid,
+                    port=inst.spec.port,
+                    restart_count=inst.restart_count,
+                    last_exit=inst.last_exit,
+                    version_digest=inst.spec.digest,
+                    message=inst.message[:1000],
+                )
+            )
+        return result
+
+    def ready_ports(self) -> dict[int, int]:
+        """Instance id -> port of every ready engine (for metrics scraping)."""
+        return {
+            i: inst.spec.port
+            for i, inst in self._instances.items()
+            if inst.state in (InstanceState.READY, InstanceState.UNHEALTHY)
+        }
+
+    def loads(self, memory_bytes: Callable[[int], int] | None = None) -> list[EngineLoad]:
+        """What each running engine holds, for the fake GPU backend."""
+        loads = []
+        for inst in self._instances.values():
+            if inst.process is None:
+                continue
+            held = memory_bytes(inst.process.pid) if memory_bytes else 0
+            loads.append(
+                EngineLoad(
+                    pid=inst.process.pid,
+                    device_indices=inst.spec.gpu_indices or (0,),
+                    memory_bytes=held,
+                    busy_ratio=inst.busy_ratio,
+                )
+            )
+        return loads
