@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli.exits import not_available
-
 engine_app = typer.Typer(help="Run the block-diffusion inference engine.", no_args_is_help=True)
 
 
-@engine_app.command("serve")
-def serve() -> None:
-    """Serve a checkpoint over the OpenAI-compatible HTTP API."""
-    not_available("engine serve")
+@engine_app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve(ctx: typer.Context) -> None:
+    """Serve a checkpoint over the OpenAI-compatible HTTP API.
+
+    Usage: dctl engine serve --config engine.yaml [--port N --model DIR ...]; every key of the
+    config file has a flag (see `dctl engine serve --help`). SIGTERM drains, then exits 0.
+    """
+    # The engine owns its argument parser, so `dctl engine serve` and `python -m engine.serve`
+    # accept exactly the same flags and print the same errors.
+    from engine.serve import main
+
+    raise typer.Exit(main(list(ctx.args)))
 
 
 def register(app: typer.Typer) -> None:

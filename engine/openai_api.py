@@ -1,0 +1,266 @@
+"""The OpenAI-compatible wire format: request bodies, responses, stream chunks and errors.
+
+Requests are strict: an unknown field, or a standard OpenAI field set to something this engine
+cannot honour (logprobs, n > 1, penalties...), is a 400 naming the field rather than being
+silently ignored. The diffusion knobs (`block_size`, `threshold`, `steps`, `min_steps`,
+`max_steps`, `thinking`, `top_k`) are accepted as extra body fields.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+
+# Standard fields we accept only at their neutral value: (field, neutral values).
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, True, False),
+}
+
+
+class ApiError(Exception):
+    """An error answered in the OpenAI shape: `{"error": {message, type, param, code}}`."""
+
+    TYPES: ClassVar[dict[int, str]] = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+        503: "service_unavailable",
+        504: "timeout_error",
+    }
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body clients parse."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class StreamOptions(BaseModel):
+    """`stream_options`: whether the last chunk before [DONE] carries usage."""
+
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
+
+
+class _Request(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: StrictInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: StrictInt | None = None
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Diffusion knobs (extra_body in the openai client).
+    block_size: StrictInt | None = None
+    threshold: float | None = None
+    steps: StrictInt | None = None
+    min_steps: StrictInt | None = None
+    max_steps: StrictInt | None = None
+    # Accepted at neutral values only (see _NEUTRAL).
+    n: StrictInt | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    top_logprobs: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _neutral_only(self) -> _Request:
+        for name, allowed in _NEUTRAL.items():
+            if name in type(self).model_fields:
+                value = getattr(self, name)
+                if value not in allowed:
+                    raise ValueError(f"{name}={value!r} is not supported by this engine")
+        return self
+
+
+class CompletionRequest(_Request):
+    """`POST /v1/completions`."""
+
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    echo: StrictBool | None = None
+    best_of: StrictInt | None = None
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    """One text part of a message's content list."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of the conversation."""
+
+    model_config = ConfigDict(extra="ignore")  # e.g. `name`, which the template does not use
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined)."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: only plain text is supported."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_Request):
+    """`POST /v1/chat/completions`."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: StrictInt | None = None
+    thinking: StrictBool | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    parallel_tool_calls: StrictBool | None = None
+
+
+class Usage(BaseModel):
+    """Token counts of one response."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def new_id(prefix: str) -> str:
+    """A response id in OpenAI's style (`cmpl-...`, `chatcmpl-...`)."""
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    """`created`: Unix seconds."""
+    return int(time.time())
+
+
+def completion_body(
+    rid: str, model: str, texts: list[tuple[str, str | None]], usage: Usage
+) -> dict[str, Any]:
+    """A non-streamed `text_completion` response; `texts` holds (text, finish_reason)."""
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": [
+            {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+            for i, (text, reason) in enumerate(texts)
+        ],
+        "usage": usage.model_dump(),
+    }
+
+
+def completion_chunk(
+    rid: str, model: str, text: str, finish_reason: str | None, usage: Usage | None = None
+) -> dict[str, Any]:
+    """One streamed `text_completion` chunk."""
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": now(),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
+    }
+    if usage is not None:
+        chunk["choices"] = []
+        chunk["usage"] = usage.model_dump()
+    return chunk
+
+
+def chat_body(rid: str, model: str, text: str, finish_reason: str | None, usage: Usage) -> dict:
+    """A non-streamed `chat.completion` response."""
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": usage.model_dump(),
+    }
+
+
+def chat_chunk(
+    rid: str,
+    model: str,
+    delta: dict[str, Any] | None,
+    finish_reason: str | None,
+    usage: Usage | None = None,
+) -> dict[str, Any]:
+    """One streamed `chat.completion.chunk`; with `usage` it is the usage-only final chunk."""
+    chunk: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": now(),
+        "model": model,
+        "choices": []
+        if usage is not None
+        else [{"index": 0, "delta": delta or {}, "finish_reason": finish_reason, "logprobs": None}],
+    }
+    if usage is not None:
+        chunk["usage"] = usage.model_dump()
+    return chunk

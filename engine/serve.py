@@ -1,0 +1,307 @@
+"""`python -m engine.serve --config engine.yaml`: the engine server process.
+
+Start-up: read and validate the configuration (one line naming the bad key, exit 2), bind the
+port at once so `/health/live` answers while the weights load in a background thread, then a
+warm-up generation; only after it does `/health/ready` turn 200. SIGTERM (or Ctrl-C) drains:
+readiness goes 503, new requests get 503, running ones finish within `shutdown_grace_s`, then
+the process exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from types import FrameType
+from typing import Any
+
+from engine.serve_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
+
+log = logging.getLogger("engine.serve")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+# ---- logging -----------------------------------------------------------------------------
+# The engine imports nothing of the control plane, so it carries this small formatter itself.
+
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+_SECRET_FIELDS = {"api_key", "authorization", "token", "password"}
+
+
+class _LineFormatter(logging.Formatter):
+    """One JSON object, or one `key=value` line, per record; extra fields included."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                fields[key] = "***" if key in _SECRET_FIELDS else value
+        if record.exc_info:
+            fields["exc"] = self.formatException(record.exc_info)
+        if self.as_json:
+            return json.dumps(fields, default=str)
+        parts = []
+        for key, value in fields.items():
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            if not text or any(c in text for c in ' ="'):
+                text = json.dumps(text)
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Route every logger (uvicorn's too) to stderr in the configured format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LineFormatter(as_json=fmt == "json"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True
+
+
+# ---- arguments ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`--config FILE` plus one flag per configuration key."""
+    parser = argparse.ArgumentParser(
+        prog="engine.serve",
+        description="Serve a block-diffusion checkpoint over an OpenAI-compatible HTTP API.",
+    )
+    parser.add_argument("--config", help="YAML configuration file")
+    for flag, key in FLAGS.items():
+        parser.add_argument(f"--{flag}", dest=key, metavar="VALUE", help=f"overrides {key}")
+    return parser
+
+
+def read_config(argv: Sequence[str] | None) -> ServeConfig:
+    """Parse the command line into a validated configuration (ServeConfigError if bad)."""
+    args = vars(build_parser().parse_args(argv))
+    path = args.pop("config")
+    overrides = {key: value for key, value in args.items() if value is not None}
+    return load_serve_config(path, overrides)
+
+
+# ---- model loading -----------------------------------------------------------------------
+
+
+def _device(requested: str) -> str:
+    import torch
+
+    if requested != "auto":
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_served_model(config: ServeConfig, state: Any) -> Any:
+    """Load weights and tokenizer, plan memory, warm up; return the ServedModel."""
+    import torch
+
+    from engine.async_engine import AsyncEngine
+    from engine.core import EngineCore
+    from engine.loader import load_checkpoint_config, load_model, load_tokenizer
+    from engine.memory import canonical_dtype, plan_memory
+    from engine.params import SamplingParams
+    from engine.server import ServedModel
+
+    m, svc, res = config.model, config.service, config.resources
+    if res.threads:
+        torch.set_num_threads(res.threads)
+    device = _device(res.device)
+    model_config = load_checkpoint_config(m.path)
+    dtype = None if m.dtype == "auto" else m.dtype
+    plan_dtype = canonical_dtype(dtype or model_config.torch_dtype or "fp32")
+    plan = plan_memory(model_config, plan_dtype, svc.max_concurrent_requests, m.max_seq_len)
+    log.info("memory plan", extra={"device": device, "dtype": plan_dtype, **plan.to_dict()})
+    if device.startswith("cuda"):
+        index = torch.device(device).index or 0
+        budget = int(torch.cuda.get_device_properties(index).total_memory * res.memory_fraction)
+        if plan.total_bytes > budget:
+            raise RuntimeError(
+                f"the model needs {plan.total_bytes / 2**30:.1f} GiB but "
+                f"resources.memory_fraction={res.memory_fraction} of {device} allows "
+                f"{budget / 2**30:.1f} GiB; lower service.max_concurrent_requests or "
+                "model.max_seq_len, or use a larger GPU"
+            )
+        torch.cuda.set_per_process_memory_fraction(res.memory_fraction, index)
+
+    start = time.perf_counter()
+    model = load_model(m.path, device=device, dtype=dtype)
+    tokenizer = load_tokenizer(m.path)
+    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    log.info(
+        "weights loaded",
+        extra={
+            "path": m.path,
+            "weights_bytes": weights_bytes,
+            "seconds": round(time.perf_counter() - start, 3),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        },
+    )
+    if hasattr(model, "track_experts"):
+        model.track_experts(True)
+    core = EngineCore(
+        model, tokenizer, max_batch_size=svc.max_concurrent_requests, max_seq_len=m.max_seq_len
+    )
+    start = time.perf_counter()
+    warm_prompt = tokenizer.encode("Hello") or [0]
+    core.add_request("warm-up", warm_prompt, SamplingParams(max_tokens=1))
+    while core.has_unfinished():
+        core.step()
+    log.info("warm-up done", extra={"seconds": round(time.perf_counter() - start, 3)})
+
+    state.metrics.set_model_info(
+        m.name, m.snapshot_digest, dtype=str(model.dtype).removeprefix("torch."), device=device
+    )
+    state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)
+    engine = AsyncEngine(
+        core,
+        state.metrics,
+        max_running=svc.max_concurrent_requests,
+        max_queue=svc.max_queue,
+        model=model,
+    )
+    engine.start()
+    block = m.block_size or core.default_block_size
+    return ServedModel(
+        engine=engine,
+        tokenizer=tokenizer,
+        default_block=block,
+    )
+
+
+# ---- the server --------------------------------------------------------------------------
+
+
+def run(config: ServeConfig) -> int:
+    """Serve until drained or failed; returns the process exit code."""
+    import prometheus_client
+    import uvicorn
+
+    from engine.metrics import EngineMetrics
+    from engine.server import ServerState, create_app
+
+    # `_created` samples only double the scrape size; nothing here charts them.
+    prometheus_client.disable_created_metrics()
+    state = ServerState(config=config, metrics=EngineMetrics())
+    exit_code = EXIT_OK
+
+    class EngineServer(uvicorn.Server):
+        """uvicorn, with SIGTERM meaning 'drain' instead of 'close the socket now'."""
+
+        loop: asyncio.AbstractEventLoop | None = None
+        drain_started = False
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            if self.drain_started or state.model is None or self.loop is None:
+                # Second signal, or nothing to drain yet: stop now.
+                self.should_exit = True
+                if self.drain_started:
+                    self.force_exit = True
+                return
+            self.drain_started = True
+            state.draining = True
+            self.loop.call_soon_threadsafe(lambda: self.loop and self.loop.create_task(drain()))
+
+        async def startup(self, sockets: list[Any] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.should_exit:
+                log.info(
+                    "listening",
+                    extra={
+                        "address": f"http://{config.service.host}:{config.service.port}",
+                        "model": config.model.name,
+                    },
+                )
+
+    async def drain() -> None:
+        grace = config.service.shutdown_grace_s
+        model = state.model
+        running = model.engine.in_flight if model else 0
+        log.info("draining", extra={"in_flight": running, "grace_s": grace})
+        aborted = await model.engine.drain(grace) if model else 0
+        log.info("drained", extra={"aborted": aborted})
+        server.should_exit = True
+
+    def load_in_background(loop: asyncio.AbstractEventLoop) -> None:
+        nonlocal exit_code
+        try:
+            state.model = load_served_model(config, state)
+            log.info("ready", extra={"model": config.model.name})
+        except Exception as exc:
+            state.failure = f"{type(exc).__name__}: {exc}"
+            log.error("model load failed", extra={"error": state.failure})
+            exit_code = EXIT_FAILED
+            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        server.loop = loop
+        threading.Thread(
+            target=load_in_background, args=(loop,), name="model-load", daemon=True
+        ).start()
+        yield
+        if state.model is not None:
+            state.model.engine.shutdown()
+
+    app = create_app(state)
+    app.router.lifespan_context = lifespan
+    uv_config = uvicorn.Config(
+        app,
+        host=config.service.host,
+        port=config.service.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    server = EngineServer(uv_config)
+    server.run()
+    if server.started is False and exit_code == EXIT_OK:
+        exit_code = EXIT_FAILED  # could not bind the port (uvicorn logged why)
+    return exit_code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m engine.serve` and `dctl engine serve`."""
+    try:
+        config = read_config(argv)
+    except ServeConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(config.logging.level, config.logging.format)
+    log.info(
+        "starting",
+        extra={
+            "pid": os.getpid(),
+            "model": config.model.name,
+            "path": config.model.path,
+            "auth": config.service.api_key is not None,
+        },
+    )
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

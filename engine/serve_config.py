@@ -1,0 +1,201 @@
+"""The engine server's configuration: a YAML file, every key overridable by a command-line flag.
+
+```yaml
+service:   {host: 127.0.0.1, port: 8080, max_concurrent_requests: 32, max_queue: 256,
+            request_timeout_s: 120, api_key: null, shutdown_grace_s: 30}
+model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_size: 32,
+            threshold: 0.9, min_steps: 1, max_steps: 32, thinking: false, snapshot_digest: null}
+resources: {device: auto, memory_fraction: 0.85, threads: null}
+logging:   {level: info, format: json}
+```
+
+Unknown keys and bad values fail at start-up with `ServeConfigError`, one line naming the key.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ServeConfigError(ValueError):
+    """A configuration the server cannot start with; the message is one line naming the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServiceConfig(_Section):
+    """HTTP side: address, admission limits, timeouts, authentication."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    # Requests decoded together (the engine's batch slots); more wait in the queue.
+    max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = 32
+    # Requests allowed to wait for a slot; beyond it the server answers 429.
+    max_queue: Annotated[int, Field(ge=0)] = 256
+    request_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    api_key: str | None = None
+    # On SIGTERM, running requests get this long to finish before they are aborted.
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
+
+
+class ModelSection(_Section):
+    """Which checkpoint to serve and the default decoding knobs (requests may override them)."""
+
+    path: str
+    served_name: str | None = None
+    dtype: Literal["fp32", "bf16", "fp16", "auto"] = "bf16"
+    max_seq_len: Annotated[int, Field(ge=1)] = 4096
+    # None: the checkpoint's own block size.
+    block_size: Annotated[int, Field(ge=1)] | None = None
+    threshold: Annotated[float, Field(gt=0, le=1)] = 0.9
+    min_steps: Annotated[int, Field(ge=1)] = 1
+    max_steps: Annotated[int, Field(ge=1)] | None = None
+    thinking: bool = False
+    # Content digest of the weight snapshot, set by the agent; shown in dllm_model_info.
+    snapshot_digest: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _checkpoint_dir(cls, value: str) -> str:
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"{value} is not a directory")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{value} has no config.json (not a checkpoint directory)")
+        return str(path)
+
+    @property
+    def name(self) -> str:
+        """The model name clients send: `served_name`, else the checkpoint directory's name."""
+        return self.served_name or Path(self.path).name
+
+
+class ResourcesConfig(_Section):
+    """Device placement and CPU threads."""
+
+    device: str = "auto"
+    memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.85
+    threads: Annotated[int, Field(ge=1)] | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps", value):
+            raise ValueError("must be auto, cpu, cuda, cuda:N or mps")
+        return value
+
+
+class LoggingConfig(_Section):
+    """Log level and line format."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "kv"] = "json"
+
+
+class ServeConfig(_Section):
+    """The whole server configuration."""
+
+    service: ServiceConfig = ServiceConfig()
+    model: ModelSection
+    resources: ResourcesConfig = ResourcesConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+# Command-line flag -> config key. Flags are the key's last part, except where two sections
+# would clash or the bare name reads badly.
+FLAGS: dict[str, str] = {
+    "host": "service.host",
+    "port": "service.port",
+    "max-concurrent-requests": "service.max_concurrent_requests",
+    "max-queue": "service.max_queue",
+    "request-timeout-s": "service.request_timeout_s",
+    "api-key": "service.api_key",
+    "shutdown-grace-s": "service.shutdown_grace_s",
+    "model": "model.path",
+    "served-name": "model.served_name",
+    "dtype": "model.dtype",
+    "max-seq-len": "model.max_seq_len",
+    "block-size": "model.block_size",
+    "threshold": "model.threshold",
+    "min-steps": "model.min_steps",
+    "max-steps": "model.max_steps",
+    "thinking": "model.thinking",
+    "snapshot-digest": "model.snapshot_digest",
+    "device": "resources.device",
+    "memory-fraction": "resources.memory_fraction",
+    "threads": "resources.threads",
+    "log-level": "logging.level",
+    "log-format": "logging.format",
+}
+
+_NULLS = {"null", "none", "~"}
+
+
+def _describe(error: dict[str, Any], source: str) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        section = _section_model(error["loc"][:-1])
+        known = ", ".join(section.model_fields) if section else ""
+        return f"{source}: unknown key {key!r} (known keys here: {known})"
+    if error["type"] == "missing":
+        if key == "model":
+            return f"{source}: model.path is required (the checkpoint directory; flag --model)"
+        return f"{source}: {key} is required"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{source}: {key}: {message} (got {error.get('input')!r})"
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    model: type[BaseModel] = ServeConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def _apply_override(data: dict[str, Any], key: str, raw: str) -> None:
+    section, name = key.split(".")
+    target = data.setdefault(section, {})
+    if not isinstance(target, dict):
+        raise ServeConfigError(f"{section} must be a mapping of keys to values")
+    # Flags arrive as text; pydantic's lax mode turns "8080" into 8080 and "true" into True.
+    target[name] = None if raw.strip().lower() in _NULLS else raw
+
+
+def load_serve_config(
+    path: str | Path | None, overrides: dict[str, str] | None = None
+) -> ServeConfig:
+    """Read the YAML file (if any), apply `--flag` overrides (config key -> text), validate."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    source = str(path) if path else "flags"
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ServeConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            line = f" at line {where.line + 1}" if where else ""
+            raise ServeConfigError(f"{path}: not valid YAML{line}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ServeConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+    for key, raw in (overrides or {}).items():
+        _apply_override(data, key, raw)
+    try:
+        return ServeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ServeConfigError(_describe(dict(exc.errors()[0]), source)) from None

@@ -1,0 +1,480 @@
+"""The HTTP layer: OpenAI-compatible routes, health probes and /metrics (FastAPI).
+
+Only HTTP lives here: parsing, authentication, admission answers, response shapes. Decoding is
+the EngineCore's job, reached through `AsyncEngine`. Every error a client can cause is answered
+in the OpenAI shape with a 4xx/5xx status that says what to do; nothing a client sends yields a
+500 or a stack trace.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFull
+from engine.errors import ContextLengthExceeded, EngineError, InvalidParams
+from engine.metrics import EngineMetrics
+from engine.openai_api import (
+    ApiError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    Usage,
+    _Request,
+    chat_body,
+    chat_chunk,
+    completion_body,
+    completion_chunk,
+    new_id,
+)
+from engine.params import SamplingParams
+from engine.serve_config import ServeConfig
+
+log = logging.getLogger("engine.server")
+
+# Defaults when a request leaves max_tokens out: OpenAI's 16 for completions; a chat answer
+# gets the room left in the context, capped here.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS = 256
+# Seconds a client told "queue full" should wait before retrying.
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServedModel:
+    """What the routes need of the loaded model."""
+
+    engine: AsyncEngine
+    tokenizer: Any  # engine.tokenizer.Tokenizer
+    default_block: int
+
+
+@dataclass
+class ServerState:
+    """Lifecycle of one server process: loading -> ready -> draining (or failed)."""
+
+    config: ServeConfig
+    metrics: EngineMetrics
+    model: ServedModel | None = None
+    draining: bool = False
+    failure: str | None = None
+    started: float = field(default_factory=time.time)
+
+    @property
+    def phase(self) -> str:
+        """loading | ready | draining | failed."""
+        if self.failure:
+            return "failed"
+        if self.draining:
+            return "draining"
+        return "ready" if self.model is not None else "loading"
+
+
+def _error_response(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field {where!r}", param=param, code="unknown_field")
+    if first["type"] == "missing":
+        return ApiError(400, f"{where} is required", param=param, code="missing_field")
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if not loc:
+        # A model-level rule (an unsupported standard field); the message names the field.
+        param = message.split("=", 1)[0] if "=" in message else None
+        return ApiError(400, message, param=param, code="unsupported_value")
+    return ApiError(400, f"{where}: {message}", param=param, code="invalid_value")
+
+
+def _params_error(exc: InvalidParams) -> ApiError:
+    if isinstance(exc, ContextLengthExceeded):
+        return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
+    return ApiError(400, str(exc), param=exc.field, code="invalid_value")
+
+
+def create_app(state: ServerState) -> FastAPI:
+    """The FastAPI application of one engine server."""
+    config, metrics = state.config, state.metrics
+    app = FastAPI(title="dctl engine", version="1", docs_url=None, redoc_url=None)
+    app.state.server = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and wrong methods keep the OpenAI error shape.
+        return _error_response(ApiError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        metrics.record_error("engine_error")
+        body = ApiError(500, "internal error; see the server log").body()
+        return JSONResponse(body, status_code=500)
+
+    def check_auth(request: Request) -> None:
+        key = config.service.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+            metrics.record_error("unauthorized")
+            raise ApiError(
+                401,
+                "missing or wrong API key; send 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+
+    def require_ready() -> ServedModel:
+        if state.draining:
+            metrics.record_error("not_ready")
+            raise ApiError(
+                503, "the server is shutting down; retry on another instance", code="draining"
+            )
+        if state.model is None:
+            metrics.record_error("not_ready")
+            raise ApiError(
+                503,
+                f"the model is not ready ({state.phase}); retry shortly",
+                code="not_ready",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return state.model
+
+    async def parse(request: Request, schema: type[_Request]) -> Any:
+        raw = await request.body()
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            metrics.record_error("invalid_request")
+            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        if not isinstance(data, dict):
+            metrics.record_error("invalid_request")
+            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        try:
+            body = schema.model_validate(data)
+        except ValidationError as exc:
+            metrics.record_error("invalid_request")
+            raise _validation_error(exc) from None
+        if body.model != config.model.name:
+            metrics.record_error("model_not_found")
+            raise ApiError(
+                404,
+                f"model {body.model!r} is not served here; this server serves "
+                f"{config.model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return body
+
+    def sampling(body: _Request, max_tokens: int | None, thinking: bool | None) -> SamplingParams:
+        m = config.model
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS,
+            temperature=0.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=body.seed,
+            stop=[body.stop] if isinstance(body.stop, str) else body.stop,
+            block_size=body.block_size if body.block_size is not None else m.block_size,
+            threshold=body.threshold if body.threshold is not None else m.threshold,
+            steps=body.steps,
+            min_steps=body.min_steps if body.min_steps is not None else m.min_steps,
+            max_steps=body.max_steps if body.max_steps is not None else m.max_steps,
+            thinking=thinking,
+        )
+
+    def validate(served: ServedModel, params: SamplingParams, prompt: list[int]) -> None:
+        try:
+            params.validate(config.model.max_seq_len, len(prompt), served.default_block)
+        except InvalidParams as exc:
+            is_context = isinstance(exc, ContextLengthExceeded)
+            metrics.record_error("context_length_exceeded" if is_context else "invalid_request")
+            raise _params_error(exc) from None
+        vocab = served.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            metrics.record_error("invalid_request")
+            raise ApiError(
+                400,
+                f"prompt token ids must be in [0, {vocab})",
+                param="prompt",
+                code="invalid_value",
+            )
+
+    def admit(served: ServedModel, prompt: list[int], params: SamplingParams) -> tuple[str, Any]:
+        request_id = uuid.uuid4().hex
+        try:
+            return request_id, served.engine.submit(request_id, prompt, params)
+        except QueueFull:
+            metrics.record_error("queue_full")
+            raise ApiError(
+                429,
+                f"the server is at capacity (queue full); retry after {RETRY_AFTER_S} s",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
+        except EngineStopped:
+            metrics.record_error("not_ready")
+            raise ApiError(503, "the server is shutting down", code="draining") from None
+
+    def deadline() -> float:
+        return time.monotonic() + config.service.request_timeout_s
+
+    async def collect(
+        served: ServedModel, request: Request, request_id: str, updates: Any, end: float
+    ) -> tuple[str, str | None, Any]:
+        text, reason, stats = [], None, None
+        try:
+            async for u in served.engine.updates(
+                request_id, updates, deadline=end, client_gone=request.is_disconnected
+            ):
+                text.append(u.text_delta)
+                if u.finished:
+                    reason, stats = u.finish_reason, u.stats
+        except TimeoutError:
+            metrics.record_error("timeout")
+            raise ApiError(
+                504,
+                f"the request took longer than request_timeout_s="
+                f"{config.service.request_timeout_s:g}",
+                code="timeout",
+            ) from None
+        except EngineStopped:
+            raise ApiError(503, "aborted: the server shut down", code="draining") from None
+        except InvalidParams as exc:
+            raise _params_error(exc) from None
+        except EngineError as exc:
+            metrics.record_error("engine_error")
+            raise ApiError(
+                503, f"the engine failed this request: {exc}", code="engine_error"
+            ) from None
+        return "".join(text), reason, stats
+
+    def usage_of(stats: Any, prompt_len: int, completion_tokens: int) -> Usage:
+        prompt = stats.prompt_tokens if stats is not None else prompt_len
+        completion = stats.completion_tokens if stats is not None else completion_tokens
+        return Usage(
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+        )
+
+    def sse(
+        served: ServedModel,
+        request: Request,
+        request_id: str,
+        updates: Any,
+        prompt_len: int,
+        frame: Callable[[str, str | None, Usage | None], dict[str, Any]],
+        first: dict[str, Any] | None,
+        include_usage: bool,
+    ) -> StreamingResponse:
+        end = deadline()
+
+        async def events() -> AsyncIterator[str]:
+            if first is not None:
+                yield f"data: {json.dumps(first)}\n\n"
+            generated = 0
+            try:
+                async for u in served.engine.updates(
+                    request_id, updates, deadline=end, client_gone=request.is_disconnected
+                ):
+                    generated += len(u.new_token_ids)
+                    if u.text_delta:
+                        yield f"data: {json.dumps(frame(u.text_delta, None, None))}\n\n"
+                    if u.finished:
+                        yield f"data: {json.dumps(frame('', u.finish_reason, None))}\n\n"
+                        if include_usage:
+                            usage = usage_of(u.stats, prompt_len, generated)
+                            yield f"data: {json.dumps(frame('', None, usage))}\n\n"
+            except ClientGone:
+                return
+            except (TimeoutError, EngineError) as exc:
+                # Headers are gone already: report in-band, in the OpenAI error shape.
+                err = (
+                    ApiError(504, "request timed out", code="timeout")
+                    if isinstance(exc, TimeoutError)
+                    else ApiError(
+                        503, f"the engine failed this request: {exc}", code="engine_error"
+                    )
+                )
+                metrics.record_error("timeout" if isinstance(exc, TimeoutError) else "engine_error")
+                yield f"data: {json.dumps(err.body())}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(
+            events(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    @app.get("/health/live")
+    async def live() -> dict[str, Any]:
+        return {"status": "live", "phase": state.phase}
+
+    @app.get("/health/ready")
+    async def ready() -> JSONResponse:
+        ok = state.phase == "ready"
+        body: dict[str, Any] = {"status": state.phase, "model": config.model.name}
+        if state.failure:
+            body["error"] = state.failure
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        check_auth(request)
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": config.model.name,
+                    "object": "model",
+                    "created": int(state.started),
+                    "owned_by": "dctl",
+                    "max_model_len": config.model.max_seq_len,
+                    "ready": state.phase == "ready",
+                }
+            ],
+        }
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        check_auth(request)
+        served = require_ready()
+        body: CompletionRequest = await parse(request, CompletionRequest)
+        prompts = _completion_prompts(body.prompt, served.tokenizer)
+        if body.stream and len(prompts) != 1:
+            metrics.record_error("invalid_request")
+            raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
+        params = sampling(body, body.max_tokens, None)
+        for prompt in prompts:
+            validate(served, params, prompt)
+        admitted: list[tuple[str, Any]] = []
+        try:
+            for prompt in prompts:
+                admitted.append(admit(served, prompt, params))
+        except ApiError:
+            for request_id, _ in admitted:
+                served.engine.abort(request_id)
+            raise
+        rid = new_id("cmpl")
+        name = config.model.name
+        if body.stream:
+            include = bool(body.stream_options and body.stream_options.include_usage)
+
+            def frame(text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
+                return completion_chunk(rid, name, text, reason, usage)
+
+            (request_id, updates) = admitted[0]
+            return sse(served, request, request_id, updates, len(prompts[0]), frame, None, include)
+        end = deadline()
+        results = []
+        try:
+            for i, (request_id, updates) in enumerate(admitted):
+                text, reason, stats = await collect(served, request, request_id, updates, end)
+                results.append((text, reason, usage_of(stats, len(prompts[i]), 0)))
+        finally:
+            for request_id, _ in admitted[len(results) :]:
+                served.engine.abort(request_id)
+        total = Usage(
+            prompt_tokens=sum(u.prompt_tokens for _, _, u in results),
+            completion_tokens=sum(u.completion_tokens for _, _, u in results),
+            total_tokens=sum(u.total_tokens for _, _, u in results),
+        )
+        texts = [(text, reason) for text, reason, _ in results]
+        return JSONResponse(completion_body(rid, name, texts, total))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        check_auth(request)
+        served = require_ready()
+        body: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
+        thinking = body.thinking if body.thinking is not None else config.model.thinking
+        prompt = _chat_prompt(body, served.tokenizer, thinking)
+        max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
+        if max_tokens is None:
+            max_tokens = _room_left(served, body, len(prompt), config.model.max_seq_len)
+        params = sampling(body, max_tokens, thinking)
+        validate(served, params, prompt)
+        request_id, updates = admit(served, prompt, params)
+        rid = new_id("chatcmpl")
+        name = config.model.name
+        if body.stream:
+            include = bool(body.stream_options and body.stream_options.include_usage)
+
+            def frame(text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
+                delta = {"content": text} if text else {}
+                return chat_chunk(rid, name, delta, reason, usage)
+
+            first = chat_chunk(rid, name, {"role": "assistant", "content": ""}, None)
+            return sse(served, request, request_id, updates, len(prompt), frame, first, include)
+        text, reason, stats = await collect(served, request, request_id, updates, deadline())
+        return JSONResponse(chat_body(rid, name, text, reason, usage_of(stats, len(prompt), 0)))
+
+    return app
+
+
+def _completion_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
+    """Token ids of each prompt: a string, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> list[int]:
+    """Render the conversation with the checkpoint's chat template and tokenize it."""
+    if not tokenizer.has_chat_template:
+        raise ApiError(
+            400,
+            "this checkpoint has no chat template; use /v1/completions",
+            param="messages",
+            code="no_chat_template",
+        )
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in body.messages
+    ]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, enable_thinking=thinking
+        )
+    except Exception as exc:  # the template's own raise_exception() or a rendering error
+        raise ApiError(
+            400,
+            f"the chat template rejected these messages: {exc}",
+            param="messages",
+            code="invalid_value",
+        ) from None
+    return list(tokenizer.encode(text))
+
+
+def _room_left(served: ServedModel, body: _Request, prompt_len: int, max_seq_len: int) -> int:
+    """Default chat max_tokens: what fits in the context (whole blocks), capped."""
+    block = body.block_size or served.default_block
+    room = (max_seq_len // max(block, 1)) * max(block, 1) - prompt_len
+    return max(1, min(CHAT_DEFAULT_MAX_TOKENS, room))
