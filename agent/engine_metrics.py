@@ -1,0 +1,130 @@
+"""Engine `/metrics` as heartbeat deltas: counters and histogram buckets since the last heartbeat
+the control plane acknowledged, gauges as last seen.
+
+Deltas are taken against the last *acknowledged* scrape, so while the control plane is down they
+keep accumulating and the first heartbeat after it returns carries everything it missed. A value
+that went down means the engine restarted; then the delta is the new value itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from controlplane.wire import HistogramDelta, InstanceMetrics
+
+# Label sets whose size grows with the model (layer x expert) stay out of the heartbeat: the
+# engine's own /metrics has them for Prometheus.
+_SKIPPED_LABELS = {"expert"}
+MAX_COUNTERS, MAX_HISTOGRAMS, MAX_GAUGES = 256, 64, 256
+
+
+def series_key(name: str, labels: dict[str, str]) -> str:
+    """`name{a="1",b="2"}` with labels sorted; just `name` without labels."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+@dataclass
+class Scrape:
+    """One parsed /metrics page: cumulative counters and histograms, gauges."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, HistogramDelta] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+
+
+def parse_metrics(text: str) -> Scrape:
+    """Parse Prometheus text exposition into counters, histograms and gauges."""
+    scrape = Scrape()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            if _SKIPPED_LABELS & labels.keys():
+                continue
+            if family.type == "counter" and sample.name.endswith("_total"):
+                if len(scrape.counters) < MAX_COUNTERS:
+                    scrape.counters[series_key(sample.name, labels)] = sample.value
+            elif family.type == "gauge":
+                if len(scrape.gauges) < MAX_GAUGES:
+                    scrape.gauges[series_key(sample.name, labels)] = sample.value
+            elif family.type == "histogram":
+                le = labels.pop("le", None)
+                key = series_key(family.name, labels)
+                if key not in scrape.histograms:
+                    if len(scrape.histograms) >= MAX_HISTOGRAMS:
+                        continue
+                    scrape.histograms[key] = HistogramDelta()
+                hist = scrape.histograms[key]
+                if sample.name.endswith("_bucket") and le is not None:
+                    hist.buckets[le] = sample.value
+                elif sample.name.endswith("_sum"):
+                    hist.sum = sample.value
+                elif sample.name.endswith("_count"):
+                    hist.count = sample.value
+    return scrape
+
+
+def _delta(now: float, before: float | None) -> float:
+    if before is None or now < before:  # new series, or the engine restarted
+        return now
+    return now - before
+
+
+class EngineMetricsTracker:
+    """Per-instance deltas against the last acknowledged scrape."""
+
+    def __init__(self) -> None:
+        self._acked: dict[int, Scrape] = {}
+        self._latest: dict[int, Scrape] = {}
+
+    def record(self, instance_id: int, text: str) -> None:
+        """Remember the latest scrape of an instance."""
+        self._latest[instance_id] = parse_metrics(text)
+
+    def latest_gauge(self, instance_id: int, name: str) -> float | None:
+        """A gauge from the latest scrape (e.g. requests running), if present."""
+        scrape = self._latest.get(instance_id)
+        return scrape.gauges.get(name) if scrape else None
+
+    def deltas(self) -> list[InstanceMetrics]:
+        """What changed since the last acknowledged heartbeat, per instance."""
+        result = []
+        for instance_id, now in self._latest.items():
+            before = self._acked.get(instance_id, Scrape())
+            reset = any(v < before.counters.get(k, 0) for k, v in now.counters.items())
+            if reset:
+                before = Scrape()
+            counters = {k: _delta(v, before.counters.get(k)) for k, v in now.counters.items()}
+            histograms = {}
+            for key, hist in now.histograms.items():
+                old = before.histograms.get(key)
+                if old is None or hist.count < old.count:
+                    histograms[key] = hist.model_copy()
+                    continue
+                histograms[key] = HistogramDelta(
+                    buckets={le: _delta(v, old.buckets.get(le)) for le, v in hist.buckets.items()},
+                    sum=hist.sum - old.sum,
+                    count=hist.count - old.count,
+                )
+            result.append(
+                InstanceMetrics(
+                    instance_id=instance_id,
+                    counters=counters,
+                    histograms=histograms,
+                    gauges=dict(now.gauges),
+                )
+            )
+        return result
+
+    def acknowledge(self) -> None:
+        """The control plane has the deltas: later deltas start from here."""
+        self._acked = {i: s for i, s in self._latest.items()}
+
+    def forget(self, instance_id: int) -> None:
+        """Drop an instance that no longer exists."""
+        self._acked.pop(instance_id, None)
+        self._latest.pop(instance_id, None)

@@ -1,0 +1,61 @@
+"""Engine /metrics -> heartbeat deltas, from real prometheus_client exposition text."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from agent.engine_metrics import EngineMetricsTracker, parse_metrics
+
+
+class FakeEngine:
+    """The shape of the engine's dllm_ metrics, on a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.tokens = Counter("dllm_generated_tokens", "t", registry=r)
+        self.errors = Counter("dllm_request_errors", "e", ["reason"], registry=r)
+        self.ttft = Histogram("dllm_time_to_first_token_seconds", "h", buckets=(0.1, 1), registry=r)
+        self.running = Gauge("dllm_requests_running", "g", registry=r)
+        self.experts = Counter("dllm_expert_tokens", "x", ["layer", "expert"], registry=r)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_parse_separates_counters_histograms_and_gauges() -> None:
+    engine = FakeEngine()
+    engine.tokens.inc(5)
+    engine.errors.labels(reason="queue_full").inc()
+    engine.ttft.observe(0.05)
+    engine.running.set(2)
+    engine.experts.labels(layer="0", expert="3").inc(9)
+    scrape = parse_metrics(engine.text())
+    assert scrape.counters["dllm_generated_tokens_total"] == 5
+    assert scrape.counters['dllm_request_errors_total{reason="queue_full"}'] == 1
+    assert scrape.histograms["dllm_time_to_first_token_seconds"].buckets == {
+        "0.1": 1, "1.0": 1, "+Inf": 1}  # fmt: skip
+    assert scrape.gauges["dllm_requests_running"] == 2
+    assert not any("expert" in key for key in scrape.counters)
+
+
+def test_deltas_accumulate_until_acknowledged_and_survive_engine_restart() -> None:
+    engine = FakeEngine()
+    tracker = EngineMetricsTracker()
+    engine.tokens.inc(10)
+    engine.ttft.observe(0.5)
+    tracker.record(1, engine.text())
+    tracker.acknowledge()
+    engine.tokens.inc(3)
+    tracker.record(1, engine.text())
+    engine.tokens.inc(4)  # heartbeat failed in between: nothing acknowledged
+    engine.ttft.observe(0.05)
+    tracker.record(1, engine.text())
+    [delta] = tracker.deltas()
+    assert delta.counters["dllm_generated_tokens_total"] == 7
+    hist = delta.histograms["dllm_time_to_first_token_seconds"]
+    assert hist.count == 1 and hist.buckets["0.1"] == 1 and hist.buckets["1.0"] == 1
+    tracker.acknowledge()
+    restarted = FakeEngine()  # counters start from zero again
+    restarted.tokens.inc(2)
+    tracker.record(1, restarted.text())
+    assert tracker.deltas()[0].counters["dllm_generated_tokens_total"] == 2
