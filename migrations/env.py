@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
 from sqlmodel import SQLModel
@@ -14,7 +14,7 @@ config = context.config
 target_metadata = SQLModel.metadata
 
 
-def render_item(type_: str, obj: Any, autogen_context: Any) -> str | bool:
+def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
     """Render dctl's column types as plain SQLAlchemy types so migrations never import dctl."""
     if type_ == "type" and type(obj).__name__ == "UTCDateTime":
         return "sa.DateTime()"

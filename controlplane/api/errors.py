@@ -1,0 +1,94 @@
+"""API errors: every failure is JSON `{"error", "message"}` with a message saying what to fix."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("controlplane.api")
+
+
+class ApiError(Exception):
+    """An error answered with `status` and a JSON body."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def not_found(what: str) -> ApiError:
+    """404 for a named thing."""
+    return ApiError(404, "not_found", f"{what} not found")
+
+
+def conflict(message: str) -> ApiError:
+    """409: the request contradicts what is stored."""
+    return ApiError(409, "conflict", message)
+
+
+def invalid(message: str) -> ApiError:
+    """422: the request is well-formed but asks for something impossible."""
+    return ApiError(422, "invalid_request", message)
+
+
+def _body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"error": code, "message": message, "details": details or []}
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body",)]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into a JSON error body."""
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(_body(exc.code, exc.message), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        details = [
+            {"loc": _where(tuple(e.get("loc", ()))), "msg": str(e.get("msg", ""))}
+            for e in exc.errors()
+        ]
+        first = details[0] if details else {"loc": "body", "msg": "invalid request"}
+        message = f"{first['loc']}: {first['msg']}"
+        if len(details) > 1:
+            message += f" (and {len(details) - 1} more problem(s))"
+        return JSONResponse(_body("invalid_request", message, details), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(
+            _body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(IntegrityError)
+    async def _integrity(_request: Request, exc: IntegrityError) -> JSONResponse:
+        # Two requests raced for the same unique name: the loser learns it already exists.
+        log.info("integrity error: %s", exc.orig)
+        return JSONResponse(
+            _body("conflict", "the request conflicts with stored data (it may already exist)"),
+            status_code=409,
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _operational(_request: Request, exc: OperationalError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc.orig)
+        return JSONResponse(
+            _body("unavailable", "the database is busy or unreachable: retry shortly"),
+            status_code=503,
+            headers={"Retry-After": "1"},
+        )

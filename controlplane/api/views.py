@@ -1,0 +1,139 @@
+"""Rows -> API bodies (`controlplane.schemas`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from controlplane.models import Deployment, Host, Instance, Model, ModelVersion
+from controlplane.schemas import (
+    DeploymentOut,
+    HostOut,
+    InstanceOut,
+    ModelOut,
+    Placement,
+    VersionOut,
+)
+from controlplane.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
+
+
+def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
+    """Instances matching `where`, with their deployment, host and version names."""
+    rows = session.exec(
+        select(Instance, Deployment.name, Host.name, ModelVersion.version)
+        .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
+        .join(Host, col(Host.id) == col(Instance.host_id))
+        .join(ModelVersion, col(ModelVersion.id) == col(Instance.version_id))
+        .where(*where)
+        .order_by(col(Instance.id))
+    ).all()
+    return [
+        InstanceOut(
+            id=inst.id or 0,
+            deployment=dep,
+            host=host,
+            version=version,
+            port=inst.port,
+            desired_state=inst.desired_state,
+            observed_state=inst.observed_state,
+            pid=inst.pid,
+            restart_count=inst.restart_count,
+            last_exit=ExitInfo(**inst.last_exit) if inst.last_exit else None,
+            message=inst.message,
+            observed_at=inst.observed_at,
+        )
+        for inst, dep, host, version in rows
+    ]
+
+
+def host_out(host: Host, instances: list[InstanceOut] | None = None) -> HostOut:
+    """A host with its facts and latest GPU samples."""
+    return HostOut(
+        id=host.id or 0,
+        name=host.name,
+        state=host.state,
+        draining=host.draining,
+        labels=host.labels,
+        registered_at=host.registered_at,
+        last_seen_at=host.last_seen_at,
+        heartbeat_interval_s=host.heartbeat_interval_s,
+        port_range=(host.port_range_start, host.port_range_end),
+        facts=HostFacts(**host.facts) if host.facts else None,
+        gpus=[GpuStatus(**g) for g in host.gpu_samples],
+        desired_generation=host.desired_generation,
+        applied_generation=host.applied_generation,
+        instances=instances,
+    )
+
+
+def version_out(
+    version: ModelVersion, model_name: str, parent: str | None, *, with_manifest: bool
+) -> VersionOut:
+    """A model version; the (possibly long) manifest only when asked for."""
+    return VersionOut(
+        model=model_name,
+        version=version.version,
+        line=version.line,
+        parent=parent,
+        digest=version.digest,
+        total_bytes=version.total_bytes,
+        file_count=len(version.manifest),
+        memory_plan=MemoryPlan(**version.memory_plan) if version.memory_plan else None,
+        source_uri=version.source_uri,
+        notes=version.notes,
+        deprecated=version.deprecated,
+        created_at=version.created_at,
+        manifest=Manifest(files=version.manifest) if with_manifest else None,
+    )
+
+
+def parent_refs(session: Session, versions: list[ModelVersion]) -> dict[int, str]:
+    """`NAME:VERSION` of every parent of these versions, by parent id."""
+    ids = {v.parent_id for v in versions if v.parent_id is not None}
+    if not ids:
+        return {}
+    rows = session.exec(
+        select(ModelVersion.id, Model.name, ModelVersion.version)
+        .join(Model, col(Model.id) == col(ModelVersion.model_id))
+        .where(col(ModelVersion.id).in_(ids))
+    ).all()
+    return {vid: f"{name}:{tag}" for vid, name, tag in rows if vid is not None}
+
+
+def model_out(session: Session, model: Model) -> ModelOut:
+    """A model with all its versions (no manifests)."""
+    versions = list(
+        session.exec(
+            select(ModelVersion)
+            .where(ModelVersion.model_id == model.id)
+            .order_by(col(ModelVersion.id))
+        ).all()
+    )
+    parents = parent_refs(session, versions)
+    return ModelOut(
+        name=model.name,
+        created_at=model.created_at,
+        versions=[
+            version_out(v, model.name, parents.get(v.parent_id or -1), with_manifest=False)
+            for v in versions
+        ],
+    )
+
+
+def deployment_out(session: Session, deployment: Deployment) -> DeploymentOut:
+    """A deployment with its model, stable version and instances."""
+    model = session.get(Model, deployment.model_id)
+    version = session.get(ModelVersion, deployment.stable_version_id)
+    return DeploymentOut(
+        id=deployment.id or 0,
+        name=deployment.name,
+        model=model.name if model else "",
+        version=version.version if version else "",
+        placement=Placement(hosts=deployment.placement_hosts, labels=deployment.placement_labels),
+        instances_per_host=deployment.instances_per_host,
+        engine_config=deployment.engine_config,
+        created_at=deployment.created_at,
+        updated_at=deployment.updated_at,
+        instances=instances_out(session, col(Instance.deployment_id) == deployment.id),
+    )

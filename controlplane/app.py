@@ -1,0 +1,101 @@
+"""The control-plane ASGI app: REST API, health, metrics and the host-health controller."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+
+from fastapi import FastAPI
+from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
+
+from controlplane.api import agents, deployments, events, health, hosts, models, tokens
+from controlplane.api.deps import AppContext
+from controlplane.api.errors import install_error_handlers
+from controlplane.db import make_engine
+from controlplane.heartbeats import HeartbeatService
+from controlplane.hosthealth import HostHealthMonitor
+from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
+from controlplane.settings import ControlPlaneSettings
+
+log = logging.getLogger("controlplane.app")
+
+HEALTH_SWEEP_S = 1.0
+PRUNE_EVERY_SWEEPS = 60
+
+
+def utc_now() -> datetime:
+    """The real clock."""
+    return datetime.now(UTC)
+
+
+async def _controllers(ctx: AppContext) -> None:
+    """Host-health sweeps (and metric-sample pruning) until cancelled."""
+    sweeps = 0
+    while True:
+        try:
+            await run_in_threadpool(ctx.health.sweep)
+            if sweeps % PRUNE_EVERY_SWEEPS == 0:
+                await run_in_threadpool(ctx.health.prune_samples)
+        except Exception:  # a failed sweep must not kill the loop; the next one retries
+            log.exception("host health sweep failed")
+        sweeps += 1
+        await asyncio.sleep(HEALTH_SWEEP_S)
+
+
+def create_app(
+    settings: ControlPlaneSettings,
+    *,
+    clock: Callable[[], datetime] | None = None,
+    engine: Engine | None = None,
+    run_controllers: bool = True,
+) -> FastAPI:
+    """Build the app on `settings.resolved_database_url()` (or `engine`).
+
+    The database must already be migrated (`controlplane.migrate.ensure_up_to_date`); the
+    caller (`dctl server`) checks that and creates the first admin token. `clock` is injected
+    so tests drive host health without sleeping; `run_controllers=False` leaves the periodic
+    sweeps to the test.
+    """
+    clock = clock or utc_now
+    owns_engine = engine is None
+    engine = engine or make_engine(settings.resolved_database_url())
+    metrics = ControlPlaneMetrics(engine, clock)
+    ctx = AppContext(
+        settings=settings,
+        engine=engine,
+        clock=clock,
+        heartbeats=HeartbeatService(engine, clock, on_heartbeat=metrics.observe_heartbeat),
+        health=HostHealthMonitor(engine, clock),
+        metrics=metrics,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_controllers(ctx)) if run_controllers else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if owns_engine:
+                engine.dispose()
+
+    app = FastAPI(
+        title="dctl control plane",
+        version="1",
+        description="Fleet of GPU hosts serving MoE block-diffusion LMs. Bearer tokens.",
+        lifespan=lifespan,
+    )
+    app.state.ctx = ctx
+    install_error_handlers(app)
+    for module in (hosts, models, deployments, events, tokens, agents, health):
+        app.include_router(module.router)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    return app

@@ -1,0 +1,159 @@
+"""Bearer tokens: `dctl_<id>_<random>` secrets, stored as SHA-256, checked in constant time."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from controlplane.models import ApiToken
+
+TOKEN_PREFIX = "dctl"
+_TOKEN_RE = re.compile(r"^dctl_([a-z0-9]{12})_([A-Za-z0-9_\-]{20,128})$")
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+class Role(StrEnum):
+    """What a token may do. viewer < operator < admin; bootstrap and agent stand apart."""
+
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+    BOOTSTRAP = "bootstrap"  # may only register agents
+    AGENT = "agent"  # one host's heartbeats and the model files it serves
+
+
+# Roles each role includes: an admin may do what an operator may, and so on.
+ROLE_GRANTS: dict[Role, frozenset[Role]] = {
+    Role.VIEWER: frozenset({Role.VIEWER}),
+    Role.OPERATOR: frozenset({Role.VIEWER, Role.OPERATOR}),
+    Role.ADMIN: frozenset({Role.VIEWER, Role.OPERATOR, Role.ADMIN}),
+    Role.BOOTSTRAP: frozenset({Role.BOOTSTRAP}),
+    Role.AGENT: frozenset({Role.AGENT}),
+}
+
+
+class AuthError(Exception):
+    """The request carries no usable token (HTTP 401); the message says why."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the authenticated token."""
+
+    token_id: int
+    key_id: str
+    name: str
+    role: Role
+    host_id: int | None
+    limited_uses: bool = False
+
+    def may(self, role: Role) -> bool:
+        """True when this token's role includes `role`."""
+        return role in ROLE_GRANTS[self.role]
+
+    @property
+    def actor(self) -> str:
+        """How this caller appears in the audit log."""
+        return f"token:{self.name}"
+
+
+@dataclass(frozen=True)
+class NewToken:
+    """A freshly minted token: the row to store and the secret to show once."""
+
+    row: ApiToken
+    secret: str
+
+
+def hash_secret(secret: str) -> str:
+    """SHA-256 hex of a secret (secrets are random, so no slow password hash is needed)."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def mint_token(
+    name: str,
+    role: Role,
+    now: datetime,
+    *,
+    host_id: int | None = None,
+    expires_at: datetime | None = None,
+    uses: int | None = None,
+    created_by: str = "",
+) -> NewToken:
+    """A new token row (not yet added to a session) and its secret."""
+    key_id = secrets.token_hex(6)
+    secret = f"{TOKEN_PREFIX}_{key_id}_{secrets.token_urlsafe(32)}"
+    row = ApiToken(
+        key_id=key_id,
+        name=name,
+        role=role.value,
+        secret_sha256=hash_secret(secret),
+        host_id=host_id,
+        expires_at=expires_at,
+        uses_left=uses,
+        created_at=now,
+        created_by=created_by,
+    )
+    return NewToken(row=row, secret=secret)
+
+
+def parse_authorization(header: str | None) -> str:
+    """The secret from an `Authorization: Bearer ...` header, or AuthError."""
+    if not header:
+        raise AuthError("missing bearer token: send `Authorization: Bearer dctl_...`")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        raise AuthError("malformed Authorization header: use `Authorization: Bearer dctl_...`")
+    return value.strip()
+
+
+def authenticate(session: Session, secret: str, now: datetime) -> Principal:
+    """Check a secret against the store: exists, matches, not revoked, expired or used up.
+
+    Writes `last_used_at` at most once a minute so reads stay reads. The caller commits.
+    """
+    match = _TOKEN_RE.match(secret)
+    if match is None:
+        raise AuthError("invalid token: not a dctl token (dctl_<id>_<secret>)")
+    row = session.exec(select(ApiToken).where(ApiToken.key_id == match.group(1))).first()
+    # Compare even when the row is missing, so timing does not reveal which ids exist.
+    expected = row.secret_sha256 if row else "0" * 64
+    if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row.id is None:
+        raise AuthError("invalid token: unknown or wrong secret")
+    if row.revoked_at is not None:
+        raise AuthError(f"token {row.name!r} was revoked: ask an admin for a new one")
+    if row.expires_at is not None and row.expires_at <= now:
+        raise AuthError(f"token {row.name!r} expired at {row.expires_at.isoformat()}")
+    if row.uses_left is not None and row.uses_left <= 0:
+        raise AuthError(f"token {row.name!r} has no uses left")
+    if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
+        session.execute(update(ApiToken).where(col(ApiToken.id) == row.id).values(last_used_at=now))
+    return Principal(
+        token_id=row.id,
+        key_id=row.key_id,
+        name=row.name,
+        role=Role(row.role),
+        host_id=row.host_id,
+        limited_uses=row.uses_left is not None,
+    )
+
+
+def consume_use(session: Session, token_id: int) -> bool:
+    """Spend one use of a limited token inside the caller's transaction; False when none left."""
+    row = session.get(ApiToken, token_id)
+    if row is None or row.uses_left is None:
+        return row is not None
+    result = session.execute(
+        update(ApiToken)
+        .where(col(ApiToken.id) == token_id, col(ApiToken.uses_left) > 0)
+        .values(uses_left=col(ApiToken.uses_left) - 1)
+    )
+    return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,324 @@
+"""The heartbeat hot path: record what an agent observed, answer with its desired state.
+
+Kept to a few statements per heartbeat: one read of the host row, one update of it, one batched
+update of instances whose observed state changed, and (once per 10 s bucket) one batched insert
+of metric samples. Desired state is rebuilt only when the host's generation moved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy.engine import Connection, Engine
+from sqlmodel import col
+
+from controlplane.models import Deployment, Event, Gpu, Host, Instance, MetricSample, Model
+from controlplane.models import ModelVersion as VersionRow
+from controlplane.wire import (
+    DesiredInstance,
+    Heartbeat,
+    HeartbeatReply,
+    HostState,
+    Manifest,
+    MemoryPlan,
+    ModelVersionRef,
+)
+
+SAMPLE_BUCKET_S = 10
+GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
+
+
+class UnknownHostError(LookupError):
+    """The token's host no longer exists (it was removed): the agent must register again."""
+
+
+@dataclass
+class _HostCache:
+    """What this process remembers about a host to skip writes that would change nothing."""
+
+    facts_hash: str = ""
+    gpu_fingerprint: str = ""
+    observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
+    bucket: int = -1
+    counters: dict[tuple[int, str], float] = field(default_factory=dict)
+    gauges: dict[tuple[int, str], float] = field(default_factory=dict)
+    desired_generation: int = -1
+    desired: list[DesiredInstance] = field(default_factory=list)
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def local_source_dir(source_uri: str) -> str | None:
+    """The directory of a local source (`/abs/path` or `file:///abs/path`), else None."""
+    if source_uri.startswith("file://"):
+        return source_uri[len("file://") :] or None
+    if source_uri.startswith("/"):
+        return source_uri
+    return None
+
+
+class HeartbeatService:
+    """Handles heartbeats; one per app, shared by all request threads."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], datetime],
+        on_heartbeat: Callable[[float | None], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._on_heartbeat = on_heartbeat
+        self._caches: dict[int, _HostCache] = {}
+        self._lock = threading.Lock()
+
+    def _cache(self, host_id: int) -> _HostCache:
+        with self._lock:
+            return self._caches.setdefault(host_id, _HostCache())
+
+    def forget(self, host_id: int) -> None:
+        """Drop what is cached about a host (it was removed or re-registered)."""
+        with self._lock:
+            self._caches.pop(host_id, None)
+
+    def handle(self, host_id: int, beat: Heartbeat, files_base_url: str) -> HeartbeatReply:
+        """Commit the host's last-seen time and observed state, then reply with desired state."""
+        now = self._clock()
+        cache = self._cache(host_id)
+        with self._engine.begin() as conn:
+            row = conn.execute(
+                select(
+                    col(Host.name),
+                    col(Host.state),
+                    col(Host.draining),
+                    col(Host.desired_generation),
+                    col(Host.heartbeat_interval_s),
+                    col(Host.last_seen_at),
+                ).where(col(Host.id) == host_id)
+            ).first()
+            if row is None:
+                raise UnknownHostError("this host was removed from the fleet: register again")
+            values: dict[str, Any] = {
+                "last_seen_at": now,
+                "applied_generation": beat.applied_generation,
+                "gpu_samples": [g.model_dump(mode="json") for g in beat.gpus],
+            }
+            facts = beat.facts.model_dump(mode="json")
+            facts_hash = _digest(facts)
+            if facts_hash != cache.facts_hash:
+                values["facts"] = facts
+            if row.state != HostState.READY:
+                values["state"] = HostState.READY.value
+                conn.execute(
+                    insert(Event).values(
+                        time=now,
+                        actor=f"host:{row.name}",
+                        kind="host.ready",
+                        subject=f"host/{row.name}",
+                        message=f"host {row.name} is heartbeating again (was {row.state})",
+                        data={"previous": row.state},
+                    )
+                )
+            conn.execute(update(Host).where(col(Host.id) == host_id).values(**values))
+            self._record_gpus(conn, host_id, beat, cache)
+            self._record_instances(conn, host_id, beat, cache, now)
+            self._record_samples(conn, host_id, beat, cache, now)
+        cache.facts_hash = facts_hash
+        if self._on_heartbeat is not None:
+            lag = None if row.last_seen_at is None else (now - row.last_seen_at).total_seconds()
+            self._on_heartbeat(lag)
+        if cache.desired_generation != row.desired_generation:
+            cache.desired = self._desired_instances(host_id, files_base_url)
+            cache.desired_generation = row.desired_generation
+        return HeartbeatReply(
+            generation=row.desired_generation,
+            host_id=host_id,
+            host_state=HostState.READY,
+            draining=row.draining,
+            heartbeat_interval_s=row.heartbeat_interval_s,
+            server_time=now,
+            instances=cache.desired,
+        )
+
+    def _record_gpus(
+        self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache
+    ) -> None:
+        identity = [
+            (g.index, g.uuid, g.name, g.memory_total_bytes, g.compute_capability) for g in beat.gpus
+        ]
+        fingerprint = _digest(identity)
+        if fingerprint == cache.gpu_fingerprint:
+            return
+        conn.execute(delete(Gpu).where(col(Gpu.host_id) == host_id))
+        if identity:
+            conn.execute(
+                insert(Gpu),
+                [
+                    {
+                        "host_id": host_id,
+                        "index": i,
+                        "uuid": u,
+                        "name": n,
+                        "memory_total_bytes": m,
+                        "compute_capability": c,
+                    }
+                    for i, u, n, m, c in identity
+                ],
+            )
+        cache.gpu_fingerprint = fingerprint
+
+    def _record_instances(
+        self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
+    ) -> None:
+        rows = []
+        for inst in beat.instances:
+            observed = (
+                inst.state.value,
+                inst.pid,
+                inst.restart_count,
+                inst.last_exit.model_dump(mode="json") if inst.last_exit else None,
+                inst.version_digest,
+                inst.message,
+            )
+            if cache.observed.get(inst.instance_id) == observed:
+                continue
+            cache.observed[inst.instance_id] = observed
+            rows.append(
+                {
+                    "b_id": inst.instance_id,
+                    "b_state": observed[0],
+                    "b_pid": observed[1],
+                    "b_restarts": observed[2],
+                    "b_exit": observed[3],
+                    "b_digest": observed[4],
+                    "b_message": observed[5],
+                }
+            )
+        if not rows:
+            return
+        # The host_id condition is what keeps one agent from writing another host's instances.
+        stmt = (
+            update(Instance)
+            .where(col(Instance.id) == bindparam("b_id"), col(Instance.host_id) == host_id)
+            .values(
+                observed_state=bindparam("b_state"),
+                pid=bindparam("b_pid"),
+                restart_count=bindparam("b_restarts"),
+                last_exit=bindparam("b_exit"),
+                observed_digest=bindparam("b_digest"),
+                message=bindparam("b_message"),
+                observed_at=now,
+            )
+        )
+        conn.execute(stmt, rows)
+
+    def _record_samples(
+        self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
+    ) -> None:
+        """Accumulate into the current 10 s bucket; write the bucket once, when it closes."""
+        bucket = int(now.timestamp()) // SAMPLE_BUCKET_S
+        for metrics in beat.metrics:
+            for name, delta in metrics.counters.items():
+                key = (metrics.instance_id, name)
+                cache.counters[key] = cache.counters.get(key, 0.0) + delta
+            for name, value in metrics.gauges.items():
+                cache.gauges[(metrics.instance_id, name)] = value
+        if cache.bucket == -1:
+            cache.bucket = bucket
+        if bucket == cache.bucket:
+            return
+        bucket_time = datetime.fromtimestamp(cache.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
+        rows: list[dict[str, Any]] = []
+        for gpu in beat.gpus:
+            for series in GPU_SERIES:
+                value = getattr(gpu, series)
+                if value is not None:
+                    rows.append(
+                        {
+                            "host_id": host_id,
+                            "instance_id": None,
+                            "name": f"gpu{gpu.index}.{series}",
+                            "time": bucket_time,
+                            "value": float(value),
+                        }
+                    )
+        own = set(
+            conn.execute(select(col(Instance.id)).where(col(Instance.host_id) == host_id)).scalars()
+        )
+        for (instance_id, name), value in [*cache.counters.items(), *cache.gauges.items()]:
+            if instance_id in own:
+                rows.append(
+                    {
+                        "host_id": host_id,
+                        "instance_id": instance_id,
+                        "name": name[:128],
+                        "time": bucket_time,
+                        "value": value,
+                    }
+                )
+        if rows:
+            conn.execute(insert(MetricSample), rows)
+        cache.counters.clear()
+        cache.gauges.clear()
+        cache.bucket = bucket
+
+    def _desired_instances(self, host_id: int, files_base_url: str) -> list[DesiredInstance]:
+        with self._engine.connect() as conn:
+            rows = conn.execute(
+                select(
+                    col(Instance.id),
+                    col(Instance.port),
+                    col(Instance.desired_state),
+                    col(Deployment.name).label("deployment"),
+                    col(Deployment.engine_config),
+                    col(Model.name).label("model"),
+                    col(VersionRow.version),
+                    col(VersionRow.digest),
+                    col(VersionRow.line),
+                    col(VersionRow.manifest),
+                    col(VersionRow.source_uri),
+                    col(VersionRow.memory_plan),
+                )
+                .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
+                .join(VersionRow, col(VersionRow.id) == col(Instance.version_id))
+                .join(Model, col(Model.id) == col(VersionRow.model_id))
+                .where(col(Instance.host_id) == host_id)
+                .order_by(col(Instance.id))
+            ).all()
+        desired = []
+        for r in rows:
+            files_url = None
+            if local_source_dir(r.source_uri) is not None:
+                files_url = (
+                    f"{files_base_url.rstrip('/')}/api/v1/models/{r.model}/versions/"
+                    f"{r.version}/files/"
+                )
+            desired.append(
+                DesiredInstance(
+                    instance_id=r.id,
+                    deployment=r.deployment,
+                    port=r.port,
+                    engine_config=r.engine_config,
+                    desired_state=r.desired_state,
+                    model=ModelVersionRef(
+                        name=r.model,
+                        version=r.version,
+                        digest=r.digest,
+                        line=r.line,
+                        manifest=Manifest(files=r.manifest),
+                        source_uri=r.source_uri,
+                        files_url=files_url,
+                        memory_plan=MemoryPlan(**r.memory_plan) if r.memory_plan else None,
+                    ),
+                )
+            )
+        return desired

@@ -1,0 +1,93 @@
+"""Host health: a host with no heartbeat for 3 intervals is not_ready, after 10 unreachable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, update
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import Host, MetricSample
+from controlplane.wire import HostState
+
+NOT_READY_AFTER_INTERVALS = 3
+UNREACHABLE_AFTER_INTERVALS = 10
+DEFAULT_SAMPLE_RETENTION = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A host changed health state."""
+
+    host: str
+    previous: str
+    current: str
+
+
+def health_for(silence_s: float, interval_s: float) -> HostState:
+    """The state a host is in after `silence_s` seconds without a heartbeat."""
+    if silence_s >= UNREACHABLE_AFTER_INTERVALS * interval_s:
+        return HostState.UNREACHABLE
+    if silence_s >= NOT_READY_AFTER_INTERVALS * interval_s:
+        return HostState.NOT_READY
+    return HostState.READY
+
+
+class HostHealthMonitor:
+    """Marks silent hosts not_ready / unreachable (heartbeats mark them ready again)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], datetime],
+        sample_retention: timedelta = DEFAULT_SAMPLE_RETENTION,
+    ) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._retention = sample_retention
+
+    def sweep(self) -> list[Transition]:
+        """Check every host once; write the state changes and their events in one transaction."""
+        now = self._clock()
+        transitions: list[Transition] = []
+        with Session(self._engine) as session:
+            hosts = session.exec(select(Host).where(Host.state != HostState.UNREACHABLE)).all()
+            for host in hosts:
+                seen = host.last_seen_at or host.registered_at
+                silence = (now - seen).total_seconds()
+                state = health_for(silence, host.heartbeat_interval_s)
+                # Only heartbeats make a host ready again; the sweep only degrades.
+                if state == HostState.READY or state.value == host.state:
+                    continue
+                result = session.execute(
+                    update(Host)
+                    .where(col(Host.id) == host.id, col(Host.state) == host.state)
+                    .values(state=state.value)
+                )
+                if not getattr(result, "rowcount", 0):
+                    continue  # a heartbeat got there first
+                record_event(
+                    session,
+                    now,
+                    "system:hosthealth",
+                    f"host.{state.value}",
+                    f"host/{host.name}",
+                    f"host {host.name} is {state.value}: no heartbeat for {silence:.0f}s "
+                    f"(interval {host.heartbeat_interval_s:g}s)",
+                    previous=host.state,
+                    silence_s=round(silence, 3),
+                )
+                transitions.append(Transition(host.name, host.state, state.value))
+            session.commit()
+        return transitions
+
+    def prune_samples(self) -> int:
+        """Delete metric samples older than the retention; returns how many."""
+        cutoff = self._clock() - self._retention
+        with self._engine.begin() as conn:
+            result = conn.execute(delete(MetricSample).where(col(MetricSample.time) < cutoff))
+        return int(getattr(result, "rowcount", 0) or 0)

@@ -1,0 +1,267 @@
+"""Request and response bodies of the REST API (`/api/v1`), shared by the CLI and the TUI."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from controlplane.wire import (
+    NAME_PATTERN,
+    VERSION_PATTERN,
+    ExitInfo,
+    GpuStatus,
+    HostFacts,
+    Manifest,
+    MemoryPlan,
+    Name,
+    VersionLine,
+    VersionTag,
+)
+
+MAX_INSTANCES_PER_HOST = 16
+MAX_ENGINE_CONFIG_BYTES = 64 * 1024
+
+
+class ApiModel(BaseModel):
+    """Base of API bodies: unknown request fields are an error, so typos do not pass silently."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(ApiModel):
+    """Every error response: a machine-readable code and a message saying what to fix."""
+
+    error: str
+    message: str
+    details: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """Split `NAME:VERSION`, checking both halves; ValueError says what is wrong."""
+    name, sep, version = ref.partition(":")
+    import re
+
+    if not sep or not re.match(NAME_PATTERN, name) or not re.match(VERSION_PATTERN, version):
+        raise ValueError(f"{ref!r} is not NAME:VERSION (e.g. demo:v1)")
+    return name, version
+
+
+# --- hosts -------------------------------------------------------------------------------------
+
+
+class InstanceOut(ApiModel):
+    """An instance with its desired and observed state."""
+
+    id: int
+    deployment: str
+    host: str
+    version: str
+    port: int
+    desired_state: str
+    observed_state: str
+    pid: int | None
+    restart_count: int
+    last_exit: ExitInfo | None
+    message: str
+    observed_at: datetime | None
+
+
+class HostOut(ApiModel):
+    """A host: health, facts, GPUs with their latest samples; instances on `GET /hosts/{name}`."""
+
+    id: int
+    name: str
+    state: str
+    draining: bool
+    labels: dict[str, str]
+    registered_at: datetime
+    last_seen_at: datetime | None
+    heartbeat_interval_s: float
+    port_range: tuple[int, int]
+    facts: HostFacts | None
+    gpus: list[GpuStatus]
+    desired_generation: int
+    applied_generation: int
+    instances: list[InstanceOut] | None = None
+
+
+# --- models ------------------------------------------------------------------------------------
+
+
+class RegisterVersionRequest(ApiModel):
+    """`POST /api/v1/models/{name}/versions`: register an immutable weight snapshot."""
+
+    version: VersionTag
+    manifest: Manifest
+    memory_plan: MemoryPlan | None = None
+    line: VersionLine = "base"
+    parent: str | None = Field(default=None, description="NAME:VERSION of the parent version")
+    source_uri: str = Field(min_length=1, max_length=2048, description="absolute path or file://")
+    notes: str = Field(default="", max_length=4000)
+    digest: str | None = Field(
+        default=None, description="optional: checked against the manifest's digest"
+    )
+
+    @field_validator("parent")
+    @classmethod
+    def _parent_ref(cls, value: str | None) -> str | None:
+        if value is not None:
+            split_ref(value)
+        return value
+
+
+class VersionOut(ApiModel):
+    """A model version (manifest included on `GET .../versions/{version}`)."""
+
+    model: str
+    version: str
+    line: str
+    parent: str | None
+    digest: str
+    total_bytes: int
+    file_count: int
+    memory_plan: MemoryPlan | None
+    source_uri: str
+    notes: str
+    deprecated: bool
+    created_at: datetime
+    manifest: Manifest | None = None
+
+
+class ModelOut(ApiModel):
+    """A model and its versions, oldest first."""
+
+    name: str
+    created_at: datetime
+    versions: list[VersionOut]
+
+
+# --- deployments -------------------------------------------------------------------------------
+
+
+def _check_engine_config(value: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    if len(json.dumps(value)) > MAX_ENGINE_CONFIG_BYTES:
+        raise ValueError(f"engine_config is larger than {MAX_ENGINE_CONFIG_BYTES} bytes")
+    return value
+
+
+class Placement(ApiModel):
+    """Where a deployment runs: named hosts and/or every host carrying all these labels."""
+
+    hosts: list[Name] = Field(default_factory=list, max_length=1000)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class DeploymentCreate(ApiModel):
+    """`POST /api/v1/deployments`."""
+
+    name: Name
+    model: Name
+    version: VersionTag
+    placement: Placement
+    instances_per_host: int = Field(default=1, ge=0, le=MAX_INSTANCES_PER_HOST)
+    engine_config: dict[str, Any] = Field(default_factory=dict)
+
+    _engine_config = field_validator("engine_config")(_check_engine_config)
+
+
+class DeploymentUpdate(ApiModel):
+    """`PATCH /api/v1/deployments/{name}`: change any of these; omitted fields stay."""
+
+    instances_per_host: int | None = Field(default=None, ge=0, le=MAX_INSTANCES_PER_HOST)
+    engine_config: dict[str, Any] | None = None
+    version: VersionTag | None = Field(default=None, description="switch the stable version")
+    placement: Placement | None = None
+
+    _engine_config = field_validator("engine_config")(
+        lambda v: None if v is None else _check_engine_config(v)
+    )
+
+
+class DeploymentOut(ApiModel):
+    """A deployment and its instances."""
+
+    id: int
+    name: str
+    model: str
+    version: str
+    placement: Placement
+    instances_per_host: int
+    engine_config: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    instances: list[InstanceOut]
+
+
+# --- events ------------------------------------------------------------------------------------
+
+
+class EventOut(ApiModel):
+    """One audit-log entry."""
+
+    id: int
+    time: datetime
+    actor: str
+    kind: str
+    subject: str
+    message: str
+    data: dict[str, Any]
+
+
+class EventPage(ApiModel):
+    """A page of events, oldest first; pass `next_cursor` as `after` to get newer ones."""
+
+    items: list[EventOut]
+    next_cursor: int
+
+
+# --- tokens ------------------------------------------------------------------------------------
+
+
+class TokenCreate(ApiModel):
+    """`POST /api/v1/tokens` (admin). Agent tokens come only from agent registration."""
+
+    name: Name
+    role: Literal["viewer", "operator", "admin", "bootstrap"]
+    expires_in_s: int | None = Field(default=None, ge=1, le=10 * 365 * 86400)
+    uses: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class TokenOut(ApiModel):
+    """A token as listed: never its secret."""
+
+    id: str
+    name: str
+    role: str
+    host: str | None
+    expires_at: datetime | None
+    uses_left: int | None
+    created_at: datetime
+    created_by: str
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenCreated(TokenOut):
+    """The one response that carries a token's secret."""
+
+    secret: str
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+class FleetStatus(ApiModel):
+    """`GET /api/v1/status`: counts for a fleet summary."""
+
+    hosts_by_state: dict[str, int]
+    hosts_draining: int
+    gpus: int
+    models: int
+    versions: int
+    deployments: int
+    instances_by_state: dict[str, int]
