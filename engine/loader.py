@@ -13,6 +13,7 @@ import json
 import struct
 from collections import defaultdict
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -304,10 +305,15 @@ def load_model(
     stored = headers["model.embed_tokens.weight"].dtype
     target_dtype = resolve_dtype(dtype, _SAFETENSORS_DTYPES.get(stored, cfg.torch_dtype))
     # Built on the meta device so no time goes into random init of weights about to be loaded.
-    model = Model(cfg, dtype=target_dtype, device="meta")
-    model.to_empty(device=torch.device(device))
-    model.reset_buffers()
-    params = dict(model.named_parameters(remove_duplicate=False))
+    model = Model(cfg, dtype=target_dtype, device="meta").materialize(device)
+    params = dict(model.named_parameters())
+    covered: dict[str, int] = defaultdict(int)
+    for target in chosen.values():
+        covered[target.param] += prod(target.shape)
+    uncovered = [n for n, p in params.items() if covered[n] != p.numel()]
+    if uncovered:
+        # A bug in the name plan, not in the checkpoint: never serve uninitialised weights.
+        raise RuntimeError(f"loader plan leaves parameters unfilled: {uncovered}")
 
     from safetensors import safe_open
 

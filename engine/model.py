@@ -251,6 +251,15 @@ class Model(nn.Module):
         if dev.type != "meta":
             self.reset_buffers()
 
+    def materialize(self, device: str | torch.device) -> Model:
+        """Allocates (uninitialised) storage on `device` for a model built on the meta device."""
+        self.to_empty(device=torch.device(device))
+        if self.config.tie_word_embeddings:
+            # to_empty gives each module its own storage; tie the head to the embedding again.
+            self.lm_head.weight = self.embed.weight
+        self.reset_buffers()
+        return self
+
     def reset_buffers(self) -> None:
         """Recomputes the rotary frequencies and zeroes the expert counts (after `to_empty`)."""
         cfg, dev = self.config, self.inv_freq.device
