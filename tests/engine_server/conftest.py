@@ -1,0 +1,155 @@
+"""Real engine servers for the service tests: `python -m engine.serve` on free loopback ports.
+
+Every server serves the deterministic tiny demo checkpoint (fp32, block size 4), built once
+per session. `server` is shared by the whole session (2 CPU cores: start it once); tests that
+need other settings (API key, a tiny queue, a short timeout) or that end the process (SIGTERM
+drain) start their own with `start_server`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine.demo_checkpoint import create_demo_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "tiny-demo"
+START_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A running engine server process and what was observed while it started."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    # (live status, ready status) pairs polled before the server became ready.
+    probes: list[tuple[int, int]] = field(default_factory=list)
+
+    def log_records(self) -> list[dict[str, Any]]:
+        """The server's JSON log lines so far."""
+        records = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
+
+    def metrics(self) -> dict[str, float]:
+        """Scrape /metrics into {"name{label=value,...}": value}."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
+    def wait_idle(self, timeout_s: float = 30.0) -> None:
+        """Until no request is running or waiting (aborted ones are freed at the next step)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            if m["dllm_requests_running"] == 0 and m["dllm_requests_waiting"] == 0:
+                return
+            time.sleep(0.1)
+        raise AssertionError("the server still has requests in flight")
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def start_server(
+    tmp: Path, checkpoint: Path, service: dict[str, Any] | None = None, **model: Any
+) -> ServerProcess:
+    """Write a config file, launch the server, wait until /health/ready answers 200."""
+    port = free_port()
+    config = {
+        "service": {"host": "127.0.0.1", "port": port, **(service or {})},
+        "model": {"path": str(checkpoint), "served_name": MODEL, "dtype": "fp32",
+                  "max_seq_len": 512, **model},
+        "resources": {"device": "cpu", "threads": 1},
+        "logging": {"level": "info", "format": "json"},
+    }  # fmt: skip
+    tmp.mkdir(parents=True, exist_ok=True)
+    config_path = tmp / f"engine-{port}.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log_path = tmp / f"engine-{port}.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.serve", "--config", str(config_path)],
+            cwd=ROOT,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {log_path.read_text()[-3000:]}")
+        try:
+            live = httpx.get(f"{server.url}/health/live", timeout=2).status_code
+            ready = httpx.get(f"{server.url}/health/ready", timeout=2).status_code
+        except httpx.TransportError:
+            time.sleep(0.1)
+            continue
+        server.probes.append((live, ready))
+        if ready == 200:
+            return server
+        time.sleep(0.05)
+    server.stop()
+    raise AssertionError(f"server not ready in {START_TIMEOUT_S} s: {log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny demo checkpoint (seed 0), written once per session."""
+    return create_demo_checkpoint(tmp_path_factory.mktemp("demo") / "tiny", seed=0, size="tiny")
+
+
+@pytest.fixture(scope="session")
+def server(
+    tmp_path_factory: pytest.TempPathFactory, demo_checkpoint: Path
+) -> Iterator[ServerProcess]:
+    """The shared server: 4 running + 4 waiting requests, no API key."""
+    proc = start_server(
+        tmp_path_factory.mktemp("server"),
+        demo_checkpoint,
+        {"max_concurrent_requests": 4, "max_queue": 4},
+        snapshot_digest="sha256:demo0",
+    )
+    yield proc
+    proc.stop()
