@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Response
 from fastapi import Path as PathParam
+from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer
@@ -179,8 +180,7 @@ def delete_deployment(
     hosts = session.exec(
         select(Instance.host_id).where(Instance.deployment_id == deployment.id)
     ).all()
-    for inst in session.exec(select(Instance).where(Instance.deployment_id == deployment.id)).all():
-        session.delete(inst)
+    session.execute(delete(Instance).where(col(Instance.deployment_id) == deployment.id))
     session.delete(deployment)
     bump_generation(session, hosts)
     record_event(
