@@ -9,16 +9,30 @@ exit code without knowing anything about httpx. Tests inject an `httpx.BaseTrans
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from controlplane.credentials import Context
+from controlplane.schemas import (
+    DeploymentCreate,
+    DeploymentOut,
+    DeploymentUpdate,
+    EventPage,
+    FleetStatus,
+    HostOut,
+    ModelOut,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+    VersionOut,
+)
 from controlplane.wire import Manifest, MemoryPlan
 
 API = "/api/v1"
-JsonObject = dict[str, Any]
+M = TypeVar("M", bound=BaseModel)
 
 
 class ClientError(Exception):
@@ -130,62 +144,75 @@ class ControlPlaneClient:
                 response.status_code,
             ) from exc
 
-    def _object(self, method: str, path: str, **kwargs: Any) -> JsonObject:
+    def _typed(self, model: type[M], method: str, path: str, **kwargs: Any) -> M:
         body = self.request(method, path, **kwargs)
-        if not isinstance(body, dict):
-            raise ClientError(f"{method} {path}: expected a JSON object from the control plane")
-        return body
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise ClientError(self._mismatch(method, path, exc)) from exc
 
-    def _list(self, path: str, key: str, **kwargs: Any) -> list[JsonObject]:
-        # Collections may come back bare or wrapped ({"items": [...]}); accept both.
+    def _typed_list(self, model: type[M], path: str, **kwargs: Any) -> list[M]:
         body = self.request("GET", path, **kwargs)
-        if isinstance(body, dict):
-            body = body.get(key, body.get("items"))
-        if not isinstance(body, list):
-            raise ClientError(f"GET {path}: expected a list from the control plane")
-        return body
+        try:
+            return TypeAdapter(list[model]).validate_python(body)  # type: ignore[valid-type]
+        except ValidationError as exc:
+            raise ClientError(self._mismatch("GET", path, exc)) from exc
 
-    # Health ----------------------------------------------------------------------------------
+    def _mismatch(self, method: str, path: str, exc: ValidationError) -> str:
+        # Client and server ship together; a mismatch means two different dctl versions.
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "body"
+        return (
+            f"{method} {path}: the control plane at {self.base_url} answered in a form this dctl "
+            f"does not understand ({where}: {err['msg']}); are both the same dctl version?"
+        )
 
-    def healthz(self) -> JsonObject:
+    # Health and fleet summary ----------------------------------------------------------------
+
+    def healthz(self) -> Any:
         """`GET /healthz`: the process is up."""
-        return self._object("GET", "/healthz")
+        return self.request("GET", "/healthz")
+
+    def status(self) -> FleetStatus:
+        """Counts for a fleet summary: hosts by state, GPUs, models, deployments, instances."""
+        return self._typed(FleetStatus, "GET", f"{API}/status")
 
     # Hosts -----------------------------------------------------------------------------------
 
-    def list_hosts(self) -> list[JsonObject]:
-        """Every host with its state and GPUs."""
-        return self._list(f"{API}/hosts", "hosts")
+    def list_hosts(self) -> list[HostOut]:
+        """Every host with its state, GPUs and latest samples."""
+        return self._typed_list(HostOut, f"{API}/hosts")
 
-    def get_host(self, name: str) -> JsonObject:
+    def get_host(self, name: str) -> HostOut:
         """One host with its GPUs, latest samples and instances."""
-        return self._object("GET", f"{API}/hosts/{_segment(name)}")
+        return self._typed(HostOut, "GET", f"{API}/hosts/{_segment(name)}")
 
-    def drain_host(self, name: str) -> JsonObject:
-        """Stop scheduling onto host NAME and stop its instances."""
-        return self._object("POST", f"{API}/hosts/{_segment(name)}/drain")
+    def drain_host(self, name: str) -> HostOut:
+        """Stop scheduling onto host NAME and stop its instances (operator)."""
+        return self._typed(HostOut, "POST", f"{API}/hosts/{_segment(name)}/drain")
 
-    def undrain_host(self, name: str) -> JsonObject:
-        """Let host NAME take instances again."""
-        return self._object("POST", f"{API}/hosts/{_segment(name)}/undrain")
+    def undrain_host(self, name: str) -> HostOut:
+        """Let host NAME take instances again (operator)."""
+        return self._typed(HostOut, "POST", f"{API}/hosts/{_segment(name)}/undrain")
 
     def remove_host(self, name: str) -> None:
-        """Forget host NAME (admin)."""
+        """Forget host NAME and revoke its agent token (admin)."""
         self.request("DELETE", f"{API}/hosts/{_segment(name)}")
 
     # Models ----------------------------------------------------------------------------------
 
-    def list_models(self) -> list[JsonObject]:
+    def list_models(self) -> list[ModelOut]:
         """Every model with its versions."""
-        return self._list(f"{API}/models", "models")
+        return self._typed_list(ModelOut, f"{API}/models")
 
-    def get_model(self, name: str) -> JsonObject:
+    def get_model(self, name: str) -> ModelOut:
         """One model with its versions."""
-        return self._object("GET", f"{API}/models/{_segment(name)}")
+        return self._typed(ModelOut, "GET", f"{API}/models/{_segment(name)}")
 
-    def get_version(self, name: str, version: str) -> JsonObject:
+    def get_version(self, name: str, version: str) -> VersionOut:
         """One model version with its manifest and memory plan."""
-        return self._object("GET", f"{API}/models/{_segment(name)}/versions/{_segment(version)}")
+        path = f"{API}/models/{_segment(name)}/versions/{_segment(version)}"
+        return self._typed(VersionOut, "GET", path)
 
     def register_version(
         self,
@@ -198,9 +225,9 @@ class ControlPlaneClient:
         parent: str | None = None,
         memory_plan: MemoryPlan | None = None,
         notes: str = "",
-    ) -> JsonObject:
+    ) -> VersionOut:
         """Register NAME:VERSION; the same manifest again is a no-op, a different one a 409."""
-        body: JsonObject = {
+        body: dict[str, Any] = {
             "version": version,
             "manifest": manifest.model_dump(mode="json"),
             "digest": manifest.digest(),
@@ -210,64 +237,37 @@ class ControlPlaneClient:
             "notes": notes,
             "memory_plan": memory_plan.model_dump(mode="json") if memory_plan else None,
         }
-        return self._object("POST", f"{API}/models/{_segment(name)}/versions", json=body)
+        path = f"{API}/models/{_segment(name)}/versions"
+        return self._typed(VersionOut, "POST", path, json=body)
 
-    def deprecate_version(self, name: str, version: str) -> JsonObject:
-        """Mark NAME:VERSION deprecated: kept, but new deployments may not use it."""
+    def deprecate_version(self, name: str, version: str) -> VersionOut:
+        """Mark NAME:VERSION deprecated: kept, but new deployments may not use it (operator)."""
         path = f"{API}/models/{_segment(name)}/versions/{_segment(version)}/deprecate"
-        return self._object("POST", path)
+        return self._typed(VersionOut, "POST", path)
 
     # Deployments -----------------------------------------------------------------------------
 
-    def list_deployments(self) -> list[JsonObject]:
-        """Every deployment."""
-        return self._list(f"{API}/deployments", "deployments")
+    def list_deployments(self) -> list[DeploymentOut]:
+        """Every deployment with its instances."""
+        return self._typed_list(DeploymentOut, f"{API}/deployments")
 
-    def get_deployment(self, name: str) -> JsonObject:
+    def get_deployment(self, name: str) -> DeploymentOut:
         """One deployment with its instances."""
-        return self._object("GET", f"{API}/deployments/{_segment(name)}")
+        return self._typed(DeploymentOut, "GET", f"{API}/deployments/{_segment(name)}")
 
-    def create_deployment(
-        self,
-        name: str,
-        model: str,
-        version: str,
-        hosts: list[str],
-        *,
-        instances_per_host: int = 1,
-        engine_config: JsonObject | None = None,
-    ) -> JsonObject:
-        """Place MODEL:VERSION on HOSTS as deployment NAME."""
-        body: JsonObject = {
-            "name": name,
-            "model": model,
-            "version": version,
-            "hosts": hosts,
-            "instances_per_host": instances_per_host,
-            "engine_config": engine_config or {},
-        }
-        return self._object("POST", f"{API}/deployments", json=body)
+    def create_deployment(self, spec: DeploymentCreate) -> DeploymentOut:
+        """Create a deployment; its instances are derived per host (operator)."""
+        body = spec.model_dump(mode="json")
+        return self._typed(DeploymentOut, "POST", f"{API}/deployments", json=body)
 
-    def update_deployment(
-        self,
-        name: str,
-        *,
-        instances_per_host: int | None = None,
-        engine_config: JsonObject | None = None,
-    ) -> JsonObject:
-        """Change the instance count per host and/or the engine config of deployment NAME."""
-        body = {
-            k: v
-            for k, v in {
-                "instances_per_host": instances_per_host,
-                "engine_config": engine_config,
-            }.items()
-            if v is not None
-        }
-        return self._object("PATCH", f"{API}/deployments/{_segment(name)}", json=body)
+    def update_deployment(self, name: str, change: DeploymentUpdate) -> DeploymentOut:
+        """Change instances per host, engine config, version or placement (operator)."""
+        body = change.model_dump(mode="json", exclude_none=True)
+        path = f"{API}/deployments/{_segment(name)}"
+        return self._typed(DeploymentOut, "PATCH", path, json=body)
 
     def delete_deployment(self, name: str) -> None:
-        """Delete deployment NAME; its instances are stopped by their agents."""
+        """Delete a deployment; its agents stop its instances (operator)."""
         self.request("DELETE", f"{API}/deployments/{_segment(name)}")
 
     # Events ----------------------------------------------------------------------------------
@@ -275,44 +275,27 @@ class ControlPlaneClient:
     def list_events(
         self,
         *,
-        after: int | str | None = None,
+        after: int | None = None,
         limit: int | None = None,
         kind: str | None = None,
         subject: str | None = None,
-    ) -> JsonObject:
-        """One page of the audit log, oldest first, after cursor AFTER: `{items, next_cursor}`."""
+    ) -> EventPage:
+        """Events after cursor AFTER, oldest first; without AFTER the newest LIMIT events."""
         params = {"after": after, "limit": limit, "kind": kind, "subject": subject}
-        body = self.request("GET", f"{API}/events", params=params)
-        if isinstance(body, list):
-            return {"items": body, "next_cursor": None}
-        if not isinstance(body, dict):
-            raise ClientError(f"GET {API}/events: expected a JSON object from the control plane")
-        return body
+        return self._typed(EventPage, "GET", f"{API}/events", params=params)
 
     # Tokens ----------------------------------------------------------------------------------
 
-    def create_token(
-        self,
-        name: str,
-        role: str,
-        *,
-        expires_in_s: int | None = None,
-        uses: int | None = None,
-    ) -> JsonObject:
-        """Create an API token; the answer holds the secret, which is never shown again."""
-        body: JsonObject = {
-            "name": name,
-            "role": role,
-            "expires_in_s": expires_in_s,
-            "uses": uses,
-        }
-        return self._object("POST", f"{API}/tokens", json=body)
+    def create_token(self, spec: TokenCreate) -> TokenCreated:
+        """Create an API token (admin); the answer holds the secret, never shown again."""
+        body = spec.model_dump(mode="json")
+        return self._typed(TokenCreated, "POST", f"{API}/tokens", json=body)
 
-    def list_tokens(self) -> list[JsonObject]:
-        """Every token, never its secret."""
-        return self._list(f"{API}/tokens", "tokens")
+    def list_tokens(self, *, include_revoked: bool = False) -> list[TokenOut]:
+        """Every active token (and revoked ones when asked), never a secret (admin)."""
+        params = {"include_revoked": "true"} if include_revoked else None
+        return self._typed_list(TokenOut, f"{API}/tokens", params=params)
 
-    def revoke_token(self, name: str) -> JsonObject | None:
-        """Revoke token NAME."""
-        body = self.request("POST", f"{API}/tokens/{_segment(name)}/revoke")
-        return body if isinstance(body, dict) else None
+    def revoke_token(self, ref: str) -> TokenOut:
+        """Revoke a token by id, or by name when one active token has it (admin)."""
+        return self._typed(TokenOut, "DELETE", f"{API}/tokens/{_segment(ref)}")

@@ -2,41 +2,204 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 import typer
 
-from controlplane.cli.exits import not_available
+from controlplane.cli.exits import USAGE, fail
+from controlplane.cli.output import JSON_OPTION, Column, emit, print_json, print_table
+from controlplane.cli.remote import connect, split_name_version, validated
 
 deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", no_args_is_help=True)
 
+ENGINE_CONFIG_OPTION = typer.Option(
+    None, "--engine-config", help="YAML or JSON file with the engine settings of every instance."
+)
+
+
+def _ready(deployment: Mapping[str, Any]) -> str:
+    instances = deployment.get("instances") or []
+    ready = sum(1 for i in instances if i.get("observed_state") == "ready")
+    return f"{ready}/{len(instances)}"
+
+
+def _placement(deployment: Mapping[str, Any]) -> str:
+    placement = deployment.get("placement") or {}
+    parts = list(placement.get("hosts") or [])
+    parts += [f"{k}={v}" for k, v in (placement.get("labels") or {}).items()]
+    return ", ".join(parts) or "-"
+
+
+DEPLOYMENT_COLUMNS: list[Column] = [
+    ("name", "name"),
+    ("model", "model"),
+    ("version", "version"),
+    ("placement", _placement),
+    ("per host", "instances_per_host"),
+    ("ready", _ready),
+    ("updated", "updated_at"),
+]
+INSTANCE_COLUMNS: list[Column] = [
+    ("id", "id"),
+    ("host", "host"),
+    ("version", "version"),
+    ("port", "port"),
+    ("desired", "desired_state"),
+    ("observed", "observed_state"),
+    ("restarts", "restart_count"),
+    ("message", "message"),
+]
+
+
+def read_engine_config(path: Path) -> dict[str, Any]:
+    """Read an engine-config file (YAML or JSON); errors name the file and what is wrong."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        fail(f"--engine-config {path}: cannot be read: {exc.strerror or exc}", USAGE)
+    except yaml.YAMLError as exc:
+        fail(f"--engine-config {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}", USAGE)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        fail(f"--engine-config {path}: must hold a mapping of settings, not a list or value", USAGE)
+    return data
+
+
+def _split_labels(labels: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for item in labels:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--label {item!r}: write it as KEY=VALUE", USAGE)
+        found[key] = value
+    return found
+
+
+def _split_hosts(hosts: list[str]) -> list[str]:
+    # `--hosts a,b --hosts c` and `--hosts a --hosts b` both work.
+    return [h.strip() for item in hosts for h in item.split(",") if h.strip()]
+
 
 @deploy_app.command("create")
-def deploy_create(name: str) -> None:
-    """Create deployment NAME."""
-    not_available("deploy create")
+def deploy_create(
+    name: str,
+    model: str = typer.Option(..., "--model", metavar="NAME:VERSION", help="Version to serve."),
+    hosts: list[str] = typer.Option([], "--hosts", help="Host names, comma-separated or repeated."),
+    labels: list[str] = typer.Option(
+        [], "--label", metavar="KEY=VALUE", help="Also every host with all these labels."
+    ),
+    instances_per_host: int = typer.Option(1, "--instances-per-host", min=0),
+    engine_config: Path | None = ENGINE_CONFIG_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Create deployment NAME serving --model on --hosts (operator)."""
+    from controlplane.schemas import DeploymentCreate, Placement
+
+    model_name, version = split_name_version(model, "--model")
+    host_names, selector = _split_hosts(hosts), _split_labels(labels)
+    if not host_names and not selector:
+        fail("say where to run it: --hosts NAME[,NAME...] and/or --label KEY=VALUE", USAGE)
+    config = read_engine_config(engine_config) if engine_config else {}
+    spec = validated(
+        lambda: DeploymentCreate(
+            name=name,
+            model=model_name,
+            version=version,
+            placement=Placement(hosts=host_names, labels=selector),
+            instances_per_host=instances_per_host,
+            engine_config=config,
+        )
+    )
+    with connect() as api:
+        created = api.create_deployment(spec).model_dump(mode="json")
+    if as_json:
+        print_json(created)
+        return
+    print(
+        f"deployment {name} created: {model_name}:{version}, "
+        f"{len(created['instances'])} instance(s)"
+    )
 
 
 @deploy_app.command("list")
-def deploy_list() -> None:
+def deploy_list(as_json: bool = JSON_OPTION) -> None:
     """List deployments."""
-    not_available("deploy list")
+    with connect() as api:
+        rows = [d.model_dump(mode="json") for d in api.list_deployments()]
+    emit(rows, as_json=as_json, columns=DEPLOYMENT_COLUMNS, empty="no deployments")
 
 
 @deploy_app.command("show")
-def deploy_show(name: str) -> None:
+def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
     """Show deployment NAME with its instances."""
-    not_available("deploy show")
+    with connect() as api:
+        found = api.get_deployment(name).model_dump(mode="json")
+    if as_json:
+        print_json(found)
+        return
+    fields: list[Column] = [
+        *DEPLOYMENT_COLUMNS,
+        ("created", "created_at"),
+        ("engine config", "engine_config"),
+    ]
+    emit(found, as_json=False, fields=fields)
+    print()
+    print_table(found["instances"], INSTANCE_COLUMNS, empty="no instances")
 
 
 @deploy_app.command("scale")
-def deploy_scale(name: str, instances_per_host: int) -> None:
-    """Set the number of instances per host of deployment NAME."""
-    not_available("deploy scale")
+def deploy_scale(
+    name: str,
+    instances_per_host: int = typer.Argument(..., min=0, help="Instances on each host."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Set the number of instances per host of deployment NAME (operator)."""
+    from controlplane.schemas import DeploymentUpdate
+
+    change = validated(lambda: DeploymentUpdate(instances_per_host=instances_per_host))
+    with connect() as api:
+        updated = api.update_deployment(name, change).model_dump(mode="json")
+    if as_json:
+        print_json(updated)
+        return
+    print(f"deployment {name}: {instances_per_host} per host, {len(updated['instances'])} total")
+
+
+@deploy_app.command("configure")
+def deploy_configure(
+    name: str,
+    engine_config: Path = typer.Option(..., "--engine-config", help="YAML or JSON file."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Replace the engine config of deployment NAME; its instances restart with it (operator)."""
+    from controlplane.schemas import DeploymentUpdate
+
+    config = read_engine_config(engine_config)
+    change = validated(lambda: DeploymentUpdate(engine_config=config))
+    with connect() as api:
+        updated = api.update_deployment(name, change).model_dump(mode="json")
+    if as_json:
+        print_json(updated)
+        return
+    print(f"deployment {name}: engine config updated")
 
 
 @deploy_app.command("delete")
-def deploy_delete(name: str) -> None:
-    """Delete deployment NAME."""
-    not_available("deploy delete")
+def deploy_delete(
+    name: str,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+) -> None:
+    """Delete deployment NAME; its agents stop its instances (operator)."""
+    if not yes and not typer.confirm(f"delete deployment {name}?", default=False, err=True):
+        fail("not deleted")
+    with connect() as api:
+        api.delete_deployment(name)
+    print(f"deployment {name} deleted")
 
 
 def register(app: typer.Typer) -> None:

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import time
-from collections import Counter
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import JSON_OPTION, Column, emit, print_json, print_table
-from controlplane.cli.remote import connect
+from controlplane.cli.output import JSON_OPTION, Column, cell, emit, print_json, print_table
+from controlplane.cli.remote import connect, validated
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 host_app = typer.Typer(help="Hosts: list, show, drain, undrain, remove.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
@@ -32,9 +35,8 @@ class Role(StrEnum):
     bootstrap = "bootstrap"
 
 
-def _gpu_count(host: Mapping[str, Any]) -> Any:
-    gpus = host.get("gpus")
-    return len(gpus) if isinstance(gpus, list) else host.get("gpu_count")
+def _gpu_count(host: Mapping[str, Any]) -> int:
+    return len(host.get("gpus") or [])
 
 
 HOST_COLUMNS: list[Column] = [
@@ -42,7 +44,7 @@ HOST_COLUMNS: list[Column] = [
     ("state", "state"),
     ("draining", "draining"),
     ("gpus", _gpu_count),
-    ("last seen", "last_seen"),
+    ("last seen", "last_seen_at"),
     ("labels", "labels"),
 ]
 GPU_COLUMNS: list[Column] = [
@@ -54,6 +56,17 @@ GPU_COLUMNS: list[Column] = [
     ("temp C", "temperature_c"),
     ("power W", "power_w"),
 ]
+INSTANCE_COLUMNS: list[Column] = [
+    ("id", "id"),
+    ("deployment", "deployment"),
+    ("host", "host"),
+    ("version", "version"),
+    ("port", "port"),
+    ("desired", "desired_state"),
+    ("observed", "observed_state"),
+    ("restarts", "restart_count"),
+    ("message", "message"),
+]
 EVENT_COLUMNS: list[Column] = [
     ("time", "time"),
     ("kind", "kind"),
@@ -62,12 +75,13 @@ EVENT_COLUMNS: list[Column] = [
     ("message", "message"),
 ]
 TOKEN_COLUMNS: list[Column] = [
+    ("id", "id"),
     ("name", "name"),
     ("role", "role"),
     ("host", "host"),
     ("expires", "expires_at"),
     ("uses left", "uses_left"),
-    ("last used", "last_used"),
+    ("last used", "last_used_at"),
     ("revoked", "revoked_at"),
 ]
 
@@ -76,69 +90,63 @@ def _gib(value: Any) -> str | None:
     return f"{value / 2**30:.1f} GiB" if isinstance(value, int | float) else None
 
 
+def plain(model: BaseModel) -> dict[str, Any]:
+    """An API object as JSON-ready data (what `--json` prints and tables read)."""
+    return model.model_dump(mode="json")
+
+
 # status and events -------------------------------------------------------------------------
 
 
 def status(as_json: bool = JSON_OPTION) -> None:
-    """Fleet summary: hosts by state, GPUs, deployments, instances by state."""
+    """Fleet summary: hosts by state, GPUs, models, deployments, instances by state."""
     with connect() as api:
-        hosts = api.list_hosts()
-        deployments = api.list_deployments()
-    instances = [i for d in deployments for i in d.get("instances") or []]
-    summary = {
-        "hosts": len(hosts),
-        "hosts_by_state": dict(Counter(str(h.get("state")) for h in hosts)),
-        "hosts_draining": sum(1 for h in hosts if h.get("draining")),
-        "gpus": sum(_gpu_count(h) or 0 for h in hosts),
-        "deployments": len(deployments),
-        "instances": len(instances),
-        "instances_by_state": dict(
-            Counter(str(i.get("observed_state") or "unknown") for i in instances)
-        ),
-    }
+        summary = plain(api.status())
     if as_json:
         print_json(summary)
         return
     rows = [
-        {"what": "hosts", "count": summary["hosts"], "detail": summary["hosts_by_state"]},
+        {"what": "hosts", "count": sum(summary["hosts_by_state"].values()),
+         "detail": summary["hosts_by_state"]},
         {"what": "draining", "count": summary["hosts_draining"], "detail": None},
         {"what": "gpus", "count": summary["gpus"], "detail": None},
+        {"what": "models", "count": summary["models"],
+         "detail": {"versions": summary["versions"]}},
         {"what": "deployments", "count": summary["deployments"], "detail": None},
-        {
-            "what": "instances",
-            "count": summary["instances"],
-            "detail": summary["instances_by_state"],
-        },
-    ]
-    print_table(rows, [("", "what"), ("count", "count"), ("by state", "detail")])
+        {"what": "instances", "count": sum(summary["instances_by_state"].values()),
+         "detail": summary["instances_by_state"]},
+    ]  # fmt: skip
+    print_table(rows, [("", "what"), ("count", "count"), ("detail", "detail")])
 
 
 def events(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing new events."),
     kind: str | None = typer.Option(None, "--kind", help="Only events of this kind."),
     subject: str | None = typer.Option(None, "--subject", help="Only events about this subject."),
-    limit: int = typer.Option(50, "--limit", min=1, max=1000, help="Events per page."),
+    after: int | None = typer.Option(None, "--after", min=0, help="Every event after this id."),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Events per page."),
     interval: float = typer.Option(2.0, "--interval", min=0.1, help="Seconds between polls."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """The audit log, oldest first; `--follow` keeps polling (JSON Lines with --json)."""
-    cursor: Any = None
+    """The newest events (or those after --after), oldest first; `--follow` keeps polling."""
+    cursor = after
     shown: list[dict[str, Any]] = []
     try:
         with connect() as api:
             while True:
+                # Without a cursor the server answers the newest LIMIT events; then we page on.
                 page = api.list_events(after=cursor, limit=limit, kind=kind, subject=subject)
-                items = page.get("items") or []
-                cursor = page.get("next_cursor") or (items[-1].get("id") if items else cursor)
-                if follow:
-                    for item in items:
-                        _print_event_line(item, as_json)
-                else:
+                items = [plain(item) for item in page.items]
+                first_page = cursor is None
+                cursor = page.next_cursor
+                if not follow:
                     shown.extend(items)
-                    if not page.get("next_cursor") or not items:
+                    if first_page or len(items) < limit:
                         break
                     continue
-                if not items or len(items) < limit:
+                for item in items:
+                    _print_event_line(item, as_json)
+                if len(items) < limit:
                     time.sleep(interval)
     except KeyboardInterrupt:
         return
@@ -146,10 +154,6 @@ def events(
 
 
 def _print_event_line(event: Mapping[str, Any], as_json: bool) -> None:
-    import json
-
-    from controlplane.cli.output import cell
-
     if as_json:
         sys.stdout.write(json.dumps(event, default=str) + "\n")
     else:
@@ -165,7 +169,7 @@ def _print_event_line(event: Mapping[str, Any], as_json: bool) -> None:
 def host_list(as_json: bool = JSON_OPTION) -> None:
     """List hosts with their state and GPU count."""
     with connect() as api:
-        hosts = api.list_hosts()
+        hosts = [plain(h) for h in api.list_hosts()]
     emit(hosts, as_json=as_json, columns=HOST_COLUMNS, empty="no hosts registered")
 
 
@@ -173,13 +177,26 @@ def host_list(as_json: bool = JSON_OPTION) -> None:
 def host_show(name: str, as_json: bool = JSON_OPTION) -> None:
     """Show host NAME with its GPUs and latest samples."""
     with connect() as api:
-        host = api.get_host(name)
+        host = plain(api.get_host(name))
     if as_json:
         print_json(host)
         return
-    emit(host, as_json=False, fields=[*HOST_COLUMNS, ("facts", "facts")])
+    facts = host.get("facts") or {}
+    emit(
+        host,
+        as_json=False,
+        fields=[
+            *HOST_COLUMNS,
+            ("registered", "registered_at"),
+            ("driver", lambda h: facts.get("driver_version")),
+            ("agent", lambda h: facts.get("agent_version")),
+            ("generation", lambda h: f"{h['applied_generation']}/{h['desired_generation']}"),
+        ],
+    )
     print()
     print_table(host.get("gpus") or [], GPU_COLUMNS, empty="no GPUs reported")
+    print()
+    print_table(host.get("instances") or [], INSTANCE_COLUMNS, empty="no instances")
 
 
 @host_app.command("drain")
@@ -188,7 +205,7 @@ def host_drain(name: str, as_json: bool = JSON_OPTION) -> None:
     with connect() as api:
         host = api.drain_host(name)
     if as_json:
-        print_json(host)
+        print_json(plain(host))
     else:
         print(f"host {name} draining")
 
@@ -199,7 +216,7 @@ def host_undrain(name: str, as_json: bool = JSON_OPTION) -> None:
     with connect() as api:
         host = api.undrain_host(name)
     if as_json:
-        print_json(host)
+        print_json(plain(host))
     else:
         print(f"host {name} schedulable")
 
@@ -211,7 +228,7 @@ def host_remove(
 ) -> None:
     """Remove host NAME from the fleet; its agent token stops working (admin)."""
     if not yes and not typer.confirm(f"remove host {name}?", default=False, err=True):
-        fail("not removed", USAGE)
+        fail("not removed")
     with connect() as api:
         api.remove_host(name)
     print(f"host {name} removed")
@@ -240,32 +257,41 @@ def token_create(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create token NAME (admin); the secret is printed once and never again."""
+    from controlplane.schemas import TokenCreate
+
     expires_s = parse_duration(expires) if expires else None
-    with connect() as api:
-        token = api.create_token(name, role.value, expires_in_s=expires_s, uses=uses)
-    if as_json:
-        print_json(token)
-        return
-    print(
-        f"token {name} ({role.value}) created. Its secret, shown only this once:", file=sys.stderr
+    spec = validated(
+        lambda: TokenCreate(name=name, role=role.value, expires_in_s=expires_s, uses=uses)
     )
-    print(token.get("secret") or token.get("token"))
+    with connect() as api:
+        token = api.create_token(spec)
+    if as_json:
+        print_json(plain(token))
+        return
+    # The secret alone goes to stdout, so `SECRET=$(dctl token create ...)` just works.
+    print(
+        f"token {name} ({role.value}) created; its secret, shown only this once:", file=sys.stderr
+    )
+    print(token.secret)
 
 
 @token_app.command("list")
-def token_list(as_json: bool = JSON_OPTION) -> None:
-    """List tokens (never their secrets) (admin)."""
+def token_list(
+    show_all: bool = typer.Option(False, "--all", help="Include revoked tokens."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List tokens, never their secrets (admin)."""
     with connect() as api:
-        tokens = api.list_tokens()
+        tokens = [plain(t) for t in api.list_tokens(include_revoked=show_all)]
     emit(tokens, as_json=as_json, columns=TOKEN_COLUMNS, empty="no tokens")
 
 
 @token_app.command("revoke")
-def token_revoke(name: str) -> None:
-    """Revoke token NAME (admin)."""
+def token_revoke(ref: str = typer.Argument(..., metavar="NAME|ID")) -> None:
+    """Revoke a token by name or id (admin)."""
     with connect() as api:
-        api.revoke_token(name)
-    print(f"token {name} revoked")
+        token = api.revoke_token(ref)
+    print(f"token {token.name} ({token.id}) revoked")
 
 
 # contexts ----------------------------------------------------------------------------------

@@ -2,31 +2,212 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import typer
 
-from controlplane.cli.exits import fail, not_available
+from controlplane.cli.exits import fail
+from controlplane.cli.output import JSON_OPTION, Column, emit, print_json, print_table
+from controlplane.cli.remote import connect, split_name_version
+
+if TYPE_CHECKING:
+    from controlplane.wire import MemoryPlan
 
 model_app = typer.Typer(
     help="Model versions: weight snapshots with sha256 manifests.", no_args_is_help=True
 )
 
 
+class Line(StrEnum):
+    """Version lines: a base model, its block-diffusion conversion, or a fine-tune."""
+
+    base = "base"
+    diffusion = "diffusion"
+    finetune = "finetune"
+
+
+VERSION_COLUMNS: list[Column] = [
+    ("model", "model"),
+    ("version", "version"),
+    ("line", "line"),
+    ("parent", "parent"),
+    ("digest", lambda v: str(v["digest"])[:12]),
+    ("files", "file_count"),
+    ("size", lambda v: human_bytes(v["total_bytes"])),
+    ("deprecated", "deprecated"),
+    ("created", "created_at"),
+]
+FILE_COLUMNS: list[Column] = [
+    ("path", "path"),
+    ("size", lambda f: human_bytes(f["size"])),
+    ("sha256", "sha256"),
+]
+
+
+def human_bytes(value: Any) -> str:
+    """1536 -> `1.5 KiB`."""
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
 @model_app.command("list")
-def model_list() -> None:
+def model_list(as_json: bool = JSON_OPTION) -> None:
     """List models and their versions."""
-    not_available("model list")
+    with connect() as api:
+        models = [m.model_dump(mode="json") for m in api.list_models()]
+    if as_json:
+        print_json(models)
+        return
+    rows = [version for model in models for version in model["versions"]]
+    print_table(rows, VERSION_COLUMNS, empty="no models registered")
 
 
 @model_app.command("register")
-def model_register(name_version: str, directory: str) -> None:
-    """Register NAME:VERSION from a checkpoint DIRECTORY (computes the manifest)."""
-    not_available("model register")
+def model_register(
+    name_version: str = typer.Argument(..., metavar="NAME:VERSION"),
+    directory: Path = typer.Argument(
+        ..., help="Checkpoint directory (config.json, *.safetensors)."
+    ),
+    line: Line = typer.Option(Line.base, "--line", help="base, diffusion or finetune."),
+    parent: str | None = typer.Option(
+        None, "--parent", metavar="NAME:VERSION", help="The version this one derives from."
+    ),
+    notes: str = typer.Option("", "--notes", help="Free text kept with the version."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Register NAME:VERSION from a checkpoint DIRECTORY: sha256 manifest plus memory plan."""
+    from controlplane.manifest import ManifestError, compute_manifest
+
+    name, version = split_name_version(name_version)
+    if parent is not None:
+        split_name_version(parent, "--parent")
+    try:
+        manifest = compute_manifest(directory)
+    except ManifestError as exc:
+        fail(str(exc))
+    plan, plan_note = memory_plan(directory)
+    source = str(directory.resolve())
+    with connect(timeout=60.0) as api:
+        registered = api.register_version(
+            name,
+            version,
+            manifest,
+            source_uri=source,
+            line=line.value,
+            parent=parent,
+            memory_plan=plan,
+            notes=notes,
+        )
+    if as_json:
+        print_json(registered.model_dump(mode="json"))
+        return
+    print(
+        f"registered {registered.model}:{registered.version} ({registered.line}): digest "
+        f"{registered.digest[:12]}, {registered.file_count} files, "
+        f"{human_bytes(registered.total_bytes)}"
+    )
+    print(plan_note)
+
+
+# Activations are sized for one sequence of this many tokens (the engine's default max_seq_len);
+# the KV cache per token is stored separately, so a host check can use any context length.
+PLAN_SEQ_TOKENS = 4096
+
+
+def memory_plan(directory: Path) -> tuple[MemoryPlan | None, str]:
+    """The memory plan of a checkpoint, or None and why not; torch-free engine code only."""
+    import json
+
+    from controlplane.wire import MemoryPlan
+
+    try:
+        from engine.config import ModelConfig
+        from engine.errors import CheckpointError
+        from engine.memory import canonical_dtype, plan_memory
+    except ImportError:
+        return None, "memory plan: not stored (the engine is not part of this dctl install)"
+    try:
+        raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        gen_file = directory / "generation_config.json"
+        gen = json.loads(gen_file.read_text(encoding="utf-8")) if gen_file.is_file() else None
+        config = ModelConfig.from_hf(raw, gen, source=str(directory / "config.json"))
+        dtype = canonical_dtype(config.torch_dtype or "bf16")
+        seq = min(config.max_position_embeddings, PLAN_SEQ_TOKENS)
+        plan = plan_memory(config, dtype, max_batch=1, max_seq=seq)
+    except (OSError, ValueError, CheckpointError) as exc:
+        # Registering weights the engine cannot size is allowed (e.g. a future family); the
+        # version is just not checked against host memory.
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return None, f"memory plan: not stored ({reason})"
+    stored = MemoryPlan(
+        weights_bytes=plan.weights_bytes,
+        kv_bytes_per_token=plan.kv_bytes_per_token,
+        activation_bytes=plan.activation_bytes,
+        dtype=dtype,
+        max_context_tokens=config.max_position_embeddings,
+        num_parameters=config.num_parameters(),
+    )
+    note = (
+        f"memory plan ({dtype}): weights {human_bytes(stored.weights_bytes)}, "
+        f"KV {human_bytes(stored.kv_bytes_per_token)}/token, "
+        f"activations {human_bytes(stored.activation_bytes)} at {seq} tokens"
+    )
+    return stored, note
 
 
 @model_app.command("show")
-def model_show(name_version: str) -> None:
-    """Show one model version."""
-    not_available("model show")
+def model_show(
+    ref: str = typer.Argument(..., metavar="NAME[:VERSION]"),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Show a model with its versions, or one version with its manifest and memory plan."""
+    if ":" not in ref:
+        with connect() as api:
+            model = api.get_model(ref).model_dump(mode="json")
+        if as_json:
+            print_json(model)
+        else:
+            print_table(model["versions"], VERSION_COLUMNS, empty=f"{ref} has no versions")
+        return
+    name, version = split_name_version(ref)
+    with connect() as api:
+        found = api.get_version(name, version).model_dump(mode="json")
+    if as_json:
+        print_json(found)
+        return
+    plan = found.get("memory_plan") or {}
+    fields: list[Column] = [
+        ("model", "model"),
+        ("version", "version"),
+        ("line", "line"),
+        ("parent", "parent"),
+        ("digest", "digest"),
+        ("size", lambda v: human_bytes(v["total_bytes"])),
+        ("source", "source_uri"),
+        ("deprecated", "deprecated"),
+        ("created", "created_at"),
+        ("notes", "notes"),
+        ("weights", lambda v: human_bytes(plan["weights_bytes"]) if plan else "not stored"),
+        ("kv/token", lambda v: human_bytes(plan["kv_bytes_per_token"]) if plan else "not stored"),
+    ]
+    emit(found, as_json=False, fields=fields)
+    print()
+    print_table((found.get("manifest") or {}).get("files") or [], FILE_COLUMNS)
+
+
+@model_app.command("deprecate")
+def model_deprecate(ref: str = typer.Argument(..., metavar="NAME:VERSION")) -> None:
+    """Deprecate NAME:VERSION: kept for running deployments, refused for new ones."""
+    name, version = split_name_version(ref)
+    with connect() as api:
+        api.deprecate_version(name, version)
+    print(f"{name}:{version} deprecated")
 
 
 @model_app.command("create-demo")

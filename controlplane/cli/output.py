@@ -54,16 +54,21 @@ def print_table(
     from rich.table import Table
 
     rows = list(rows)
-    console = Console(soft_wrap=False)
+    # Piped output is for grep and awk: one line per row, however wide. A terminal keeps its
+    # width and cuts long cells with an ellipsis instead of wrapping rows over several lines.
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 100_000)
     if not rows:
         console.print(f"({empty})", highlight=False)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for header, _ in columns:
-        table.add_column(header.upper(), overflow="fold")
+        table.add_column(header.upper(), no_wrap=True, overflow="ellipsis")
     for row in rows:
         table.add_row(*(cell(_value(row, getter)) for _, getter in columns))
-    console.print(table)
+    with console.capture() as captured:
+        console.print(table)
+    # Rich pads every cell to the column width; trailing blanks only get in the way of diffs.
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def print_fields(record: Mapping[str, Any], fields: Sequence[Column]) -> None:

@@ -6,14 +6,18 @@ unreachable server or an error answer becomes one `error: ...` line on stderr an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from controlplane.cli.exits import USAGE, fail
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from controlplane.client import ControlPlaneClient
+
+T = TypeVar("T")
 
 _HINTS = {
     401: "check the token: `dctl context list`, or set DCTL_TOKEN",
@@ -47,3 +51,30 @@ def split_name_version(value: str, what: str = "model version") -> tuple[str, st
     if not sep or not name or not version or ":" in version:
         fail(f"{what} {value!r}: write it as NAME:VERSION, e.g. sdar-moe:v1", USAGE)
     return name, version
+
+
+def validated(build: Callable[[], T]) -> T:
+    """Build a request body; bad user input is a usage error (exit 2) naming the field."""
+    from pydantic import ValidationError
+
+    try:
+        return build()
+    except ValidationError as exc:
+        fail(describe(exc), USAGE)
+
+
+def describe(exc: ValidationError) -> str:
+    """One line naming the first bad field and, for names, what a good one looks like."""
+    from controlplane.wire import NAME_PATTERN, VERSION_PATTERN
+
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "input"
+    pattern = (err.get("ctx") or {}).get("pattern")
+    if pattern == NAME_PATTERN:
+        return (
+            f"{where} {err['input']!r}: use lowercase letters, digits and '-' (at most 63, "
+            "starting and ending with a letter or digit)"
+        )
+    if pattern == VERSION_PATTERN:
+        return f"{where} {err['input']!r}: use letters, digits, '.', '_' and '-' (at most 64)"
+    return f"{where}: {err['msg']}"
