@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,6 @@ from agent.gpu.types import GpuBackend, NvmlUnavailable
 BackendChoice = Literal["auto", "nvml", "fake"]
 NVIDIA_VENDOR = "0x10de"
 PCI_DEVICES = Path("/sys/bus/pci/devices")
-log = logging.getLogger("dctl.agent.gpu")
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,10 @@ def select_backend(
     pci_root: Path = PCI_DEVICES,
     open_nvml: Callable[[], GpuBackend] = NvmlBackend,
 ) -> BackendSelection:
-    """Apply the selection rules; never raises for a missing NVML, reports it instead."""
+    """Apply the selection rules; never raises for a missing NVML, reports it instead.
+
+    The caller shows `warning` loudly: a host on the fake backend serves on CPU.
+    """
     if choice == "fake":
         return BackendSelection("fake", FakeBackend(fake_spec))
     try:
@@ -67,5 +68,4 @@ def select_backend(
         f"no NVIDIA GPU on this host and NVML cannot load ({reason}); "
         f"using the FAKE GPU backend ({fake_spec}) - this host serves on CPU"
     )
-    log.warning(warning)
     return BackendSelection("fake", FakeBackend(fake_spec), warning=warning)

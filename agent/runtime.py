@@ -1,0 +1,478 @@
+"""The agent's main loop: register once, heartbeat, reconcile to the desired state.
+
+One thread runs the loop (supervisor ticks every fraction of a second, a heartbeat every
+interval); one worker thread fetches snapshots so a long download never stalls probing. When the
+control plane is unreachable the loop simply carries on: engines keep running and being
+supervised, engine metric deltas keep accumulating, and the next heartbeat that gets through
+carries them and picks up whatever desired state changed meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from urllib.parse import urljoin
+
+from agent.control_plane import (
+    AgentIdentity,
+    ControlPlaneClient,
+    ControlPlaneRejected,
+    ControlPlaneUnavailable,
+    IdentityStore,
+)
+from agent.engine_metrics import EngineMetricsTracker
+from agent.gpu import BackendSelection, GpuError, GpuSnapshot
+from agent.metrics import AgentMetrics
+from agent.preflight import PreflightReport
+from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
+from agent.supervisor import InstanceSpec, Supervisor
+from controlplane.wire import (
+    DEFAULT_PORT_RANGE,
+    DesiredInstance,
+    DesiredInstanceState,
+    GpuStatus,
+    Heartbeat,
+    HeartbeatReply,
+    HostFacts,
+    InstanceState,
+    ObservedInstance,
+    RegisterRequest,
+    SnapshotProgress,
+)
+
+log = logging.getLogger("dctl.agent")
+# A rejected snapshot will not fix itself; an interrupted one might soon.
+RETRY_MISMATCH_S = 300.0
+RETRY_ERROR_S = 15.0
+MetricsFetcher = Callable[[int], str | None]
+
+
+def default_host_name() -> str:
+    """The short hostname as a DNS label (lower case, other characters -> '-')."""
+    name = socket.gethostname().split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9-]", "-", name).strip("-")[:63]
+    return name or "host"
+
+
+def agent_version() -> str:
+    """The installed dctl version."""
+    try:
+        return version("dctl")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How this agent runs."""
+
+    control_plane: str
+    data_dir: Path
+    bootstrap_token: str | None = None
+    host_name: str = field(default_factory=default_host_name)
+    labels: dict[str, str] = field(default_factory=dict)
+    port_range: tuple[int, int] = DEFAULT_PORT_RANGE
+    tick_s: float = 0.25
+    stop_engines_on_exit: bool = False
+
+
+@dataclass
+class _FetchFailure:
+    message: str
+    retry_at: float
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (what a CPU engine holds), 0 when unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def gpu_status(sample: GpuSnapshot) -> list[GpuStatus]:
+    """Wire form of a GPU sample (percent and Celsius, as the control plane stores them)."""
+    return [
+        GpuStatus(
+            index=d.index,
+            uuid=d.uuid,
+            name=d.name,
+            memory_total_bytes=d.memory_total_bytes or 0,
+            memory_used_bytes=d.memory_used_bytes or 0,
+            utilization_percent=round(d.utilization_ratio * 100, 1)
+            if d.utilization_ratio is not None
+            else None,
+            temperature_c=d.temperature_celsius,
+            power_w=d.power_watts,
+            power_limit_w=d.power_limit_watts,
+            ecc_uncorrectable=d.ecc_uncorrected_errors,
+            persistence_mode=d.persistence_mode,
+            compute_capability=d.compute_capability,
+        )
+        for d in sample.devices
+    ]
+
+
+class Agent:
+    """Registration, heartbeats and reconciliation around a supervisor and a snapshot store."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        selection: BackendSelection,
+        preflight: PreflightReport,
+        store: SnapshotStore,
+        supervisor: Supervisor,
+        client: ControlPlaneClient,
+        metrics: AgentMetrics | None = None,
+        fetch_metrics: MetricsFetcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.selection = selection
+        self.preflight = preflight
+        self.store = store
+        self.supervisor = supervisor
+        self.client = client
+        self.metrics = metrics or AgentMetrics()
+        self.fetch_metrics = fetch_metrics or (lambda port: None)
+        self.clock = clock
+        self.identities = IdentityStore(config.data_dir / "agent")
+        self.identity: AgentIdentity | None = None
+        self.interval_s = 5.0
+        self.applied_generation = 0
+        self.last_reply: HeartbeatReply | None = None
+        self.engine_metrics = EngineMetricsTracker()
+        self._next_heartbeat = 0.0
+        self._outage_since: float | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-fetch")
+        self._fetching: dict[str, Future[Path]] = {}
+        self._failures: dict[str, _FetchFailure] = {}
+        self._progress: dict[str, SnapshotProgress] = {}
+        self._progress_lock = threading.Lock()
+        self._waiting: dict[int, tuple[InstanceState, str]] = {}
+        self.metrics.preflight_ok.set(1 if preflight.ok else 0)
+        if selection.kind == "fake" and selection.backend is not None:
+            backend = selection.backend
+            follow = getattr(backend, "follow", None)
+            if follow is not None:
+                follow(lambda: supervisor.loads(rss_bytes))
+        supervisor.on_transition = self._on_transition
+
+    # --- registration ------------------------------------------------------------------------
+
+    def ensure_registered(self) -> AgentIdentity | None:
+        """The saved identity, or a new one from the bootstrap token; None while unreachable."""
+        if self.identity is None:
+            self.identity = self.identities.load()
+        if self.identity is not None:
+            return self.identity
+        if not self.config.bootstrap_token:
+            raise ControlPlaneRejected(
+                401,
+                f"no agent token in {self.identities.directory} and no bootstrap token: "
+                "pass --bootstrap-token (`dctl token create NAME --role bootstrap` makes one)",
+            )
+        request = RegisterRequest(
+            name=self.config.host_name,
+            labels=self.config.labels,
+            port_range=self.config.port_range,
+            facts=self.facts(None),
+        )
+        try:
+            reply = self.client.register(request, self.config.bootstrap_token)
+        except ControlPlaneUnavailable as exc:
+            log.warning("control plane unreachable, will retry registration: %s", exc)
+            return None
+        self.identity = AgentIdentity(
+            host_id=reply.host_id,
+            host_name=reply.host_name,
+            control_plane=self.client.url,
+            token=reply.agent_token,
+        )
+        self.identities.save(self.identity)
+        self.interval_s = reply.heartbeat_interval_s
+        log.info("registered as host %s (id %s)", reply.host_name, reply.host_id)
+        return self.identity
+
+    # --- facts and samples -------------------------------------------------------------------
+
+    def sample_gpus(self) -> GpuSnapshot | None:
+        """Sample the GPUs; a failing backend is logged and reported as no GPUs."""
+        backend = self.selection.backend
+        if backend is None:
+            return None
+        try:
+            sample = backend.sample()
+        except GpuError as exc:
+            log.warning("GPU sample failed: %s", exc)
+            return None
+        self.metrics.gpus.sample = sample
+        return sample
+
+    def facts(self, sample: GpuSnapshot | None) -> HostFacts:
+        """Slow-changing facts about this host, with the preflight results."""
+        try:
+            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            memory = None
+        return HostFacts(
+            hostname=socket.gethostname(),
+            os=platform.platform(),
+            agent_version=agent_version(),
+            gpu_backend=self.selection.kind,
+            driver_version=sample.driver_version if sample else None,
+            cuda_driver_version=sample.cuda_driver_version if sample else None,
+            cpu_count=os.cpu_count(),
+            memory_bytes=memory,
+            disk_free_bytes=shutil.disk_usage(self.store.root).free,
+            preflight=self.preflight.checks,
+        )
+
+    # --- heartbeat ---------------------------------------------------------------------------
+
+    def heartbeat_once(self) -> HeartbeatReply | None:
+        """Send one heartbeat and reconcile to the reply; None when it did not get through."""
+        identity = self.ensure_registered()
+        if identity is None:
+            return None
+        sample = self.sample_gpus()
+        for instance_id, port in self.supervisor.ready_ports().items():
+            text = self.fetch_metrics(port)
+            if text is not None:
+                self.engine_metrics.record(instance_id, text)
+                running = self.engine_metrics.latest_gauge(instance_id, "dllm_requests_running")
+                if running is not None:
+                    self.supervisor.set_busy(instance_id, min(running / 4.0, 1.0))
+        with self._progress_lock:
+            progress = list(self._progress.values())
+        beat = Heartbeat(
+            sent_at=datetime.now(UTC),
+            applied_generation=self.applied_generation,
+            facts=self.facts(sample),
+            gpus=gpu_status(sample) if sample else [],
+            instances=self.observed(),
+            snapshots=progress[-64:],
+            metrics=self.engine_metrics.deltas()[:256],
+        )
+        try:
+            reply = self.client.heartbeat(beat, identity.token)
+        except ControlPlaneUnavailable as exc:
+            self.metrics.heartbeats.labels(result="error").inc()
+            if self._outage_since is None:
+                self._outage_since = self.clock()
+                log.warning("control plane unreachable; engines keep running: %s", exc)
+            return None
+        except ControlPlaneRejected as exc:
+            self.metrics.heartbeats.labels(result="error").inc()
+            if exc.status in (401, 404) and self.config.bootstrap_token:
+                log.warning("agent token refused (%s); registering again", exc)
+                self.identities.clear()
+                self.identity = None
+            else:
+                log.error("heartbeat refused: %s", exc)
+            return None
+        if self._outage_since is not None:
+            log.info(
+                "control plane reachable again after %.0f s", self.clock() - self._outage_since
+            )
+            self._outage_since = None
+        self.metrics.heartbeats.labels(result="ok").inc()
+        self.engine_metrics.acknowledge()
+        with self._progress_lock:
+            for digest in [d for d, p in self._progress.items() if p.state == "ready"]:
+                del self._progress[digest]
+        self.interval_s = reply.heartbeat_interval_s
+        self.last_reply = reply
+        self.reconcile(reply)
+        self.applied_generation = reply.generation
+        return reply
+
+    def observed(self) -> list[ObservedInstance]:
+        """Supervised instances plus those still waiting for their snapshot."""
+        observed = {o.instance_id: o for o in self.supervisor.observed()}
+        for instance_id, (state, message) in self._waiting.items():
+            current = observed.get(instance_id)
+            if current is None or current.state in (InstanceState.FAILED, InstanceState.STOPPED):
+                observed[instance_id] = ObservedInstance(
+                    instance_id=instance_id, state=state, message=message[:1000]
+                )
+            else:  # the old engine keeps serving; say what is happening to the new one
+                note = f"{current.message}; {message}".strip("; ")
+                observed[instance_id] = current.model_copy(update={"message": note[:1000]})
+        return [observed[i] for i in sorted(observed)]
+
+    # --- reconciliation ----------------------------------------------------------------------
+
+    def _spec(self, desired: DesiredInstance, snapshot: Path) -> InstanceSpec:
+        return InstanceSpec(
+            instance_id=desired.instance_id,
+            deployment=desired.deployment,
+            digest=desired.model.digest,
+            snapshot_path=str(snapshot),
+            port=desired.port,
+            gpu_indices=tuple(desired.gpu_indices),
+            engine_config=desired.engine_config,
+            device="cpu" if self.selection.kind == "fake" else "auto",
+        )
+
+    def reconcile(self, reply: HeartbeatReply) -> None:
+        """Make the supervisor run what the control plane wants."""
+        wanted = {d.instance_id: d for d in reply.instances}
+        now = self.clock()
+        for desired in reply.instances:
+            instance_id = desired.instance_id
+            if desired.desired_state == DesiredInstanceState.STOPPED:
+                self._waiting.pop(instance_id, None)
+                self.supervisor.stop(instance_id)
+                continue
+            if not self.preflight.ok:
+                reasons = "; ".join(f"{c.name}: {c.reason}" for c in self.preflight.failures())
+                spec = self._spec(desired, Path())
+                self.supervisor.mark_failed(instance_id, spec, f"preflight failed: {reasons}")
+                continue
+            digest = desired.model.digest
+            if self.store.has(digest):
+                self._waiting.pop(instance_id, None)
+                self.supervisor.ensure(self._spec(desired, self.store.path_for(digest)))
+                continue
+            failure = self._failures.get(digest)
+            if failure is not None and now < failure.retry_at:
+                self._waiting.pop(instance_id, None)
+                self.supervisor.mark_failed(
+                    instance_id, self._spec(desired, Path()), failure.message
+                )
+                continue
+            self._start_fetch(desired)
+            self._waiting[instance_id] = (
+                InstanceState.DOWNLOADING,
+                f"fetching snapshot {desired.model.name}:{desired.model.version} ({digest[:12]})",
+            )
+        for instance_id in self.supervisor.instance_ids():
+            if instance_id not in wanted:
+                self.supervisor.stop(instance_id, remove=True)
+                self.engine_metrics.forget(instance_id)
+        for instance_id in [i for i in self._waiting if i not in wanted]:
+            del self._waiting[instance_id]
+        in_use = {d.model.digest for d in reply.instances}
+        for instance_id in self.supervisor.instance_ids():
+            running = self.supervisor.spec_of(instance_id)
+            if running is not None:
+                in_use.add(running.digest)
+        for digest in self.store.prune(in_use):
+            log.info("snapshot %s pruned (keeping the last %s)", digest[:12], self.store.keep)
+        self.metrics.snapshots_stored.set(len(self.store.digests()))
+
+    def _start_fetch(self, desired: DesiredInstance) -> None:
+        digest = desired.model.digest
+        if digest in self._fetching:
+            return
+        self._failures.pop(digest, None)
+        model = desired.model
+        files_url = model.files_url
+        if files_url and not files_url.startswith(("http://", "https://")):
+            files_url = urljoin(self.client.url + "/", files_url)
+        headers = {"Authorization": f"Bearer {self.identity.token}"} if self.identity else {}
+        log.info("fetching snapshot %s:%s (%s)", model.name, model.version, digest[:12])
+        self._fetching[digest] = self._pool.submit(
+            self.store.fetch,
+            model.manifest,
+            model.source_uri,
+            files_url,
+            headers,
+            self._on_progress,
+        )
+
+    def _on_progress(self, progress: SnapshotProgress) -> None:
+        with self._progress_lock:
+            self._progress[progress.digest] = progress
+
+    def _collect_fetches(self) -> None:
+        done = [d for d, f in self._fetching.items() if f.done()]
+        for digest in done:
+            future = self._fetching.pop(digest)
+            exc = future.exception()
+            if exc is None:
+                self.metrics.snapshot_fetches.labels(result="ok").inc()
+                manifest_size = sum(
+                    p.stat().st_size for p in self.store.path_for(digest).rglob("*") if p.is_file()
+                )
+                self.metrics.snapshot_bytes.inc(manifest_size)
+                log.info("snapshot %s verified and stored", digest[:12])
+                continue
+            mismatch = isinstance(exc, SnapshotMismatch)
+            self.metrics.snapshot_fetches.labels(result="mismatch" if mismatch else "error").inc()
+            message = str(exc) if isinstance(exc, SnapshotError) else f"snapshot fetch: {exc}"
+            delay = RETRY_MISMATCH_S if mismatch else RETRY_ERROR_S
+            self._failures[digest] = _FetchFailure(f"refused: {message}", self.clock() + delay)
+            log.error("snapshot %s refused: %s", digest[:12], message)
+        if done and self.last_reply is not None:
+            self.reconcile(self.last_reply)  # start (or fail) the waiting instances now
+
+    def _on_transition(
+        self, instance_id: int, old: InstanceState, new: InstanceState, message: str
+    ) -> None:
+        self.metrics.engine_transitions.labels(state=new.value).inc()
+        if new == InstanceState.STARTING:
+            self.metrics.engine_starts.inc()
+        if new in (InstanceState.BACKOFF, InstanceState.CRASH_LOOP):
+            self.metrics.engine_restarts.inc()
+        if new != old and self.identity is not None:
+            # Transitions are reported promptly rather than at the next interval.
+            self._next_heartbeat = min(self._next_heartbeat, self.clock() + 0.2)
+
+    def _update_instance_gauge(self) -> None:
+        counts: dict[str, int] = {state.value: 0 for state in InstanceState}
+        for observed in self.observed():
+            counts[observed.state.value] += 1
+        for state, count in counts.items():
+            self.metrics.instances.labels(state=state).set(count)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One pass of the loop: supervise, collect fetches, heartbeat when due."""
+        self.supervisor.tick()
+        self._collect_fetches()
+        now = self.clock()
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.interval_s
+            self.heartbeat_once()
+            self._update_instance_gauge()
+
+    def run(self, stop: threading.Event) -> None:
+        """Loop until STOP is set; engines are left running unless configured otherwise."""
+        adopted = self.supervisor.adopt_existing()
+        if adopted:
+            log.info("adopted running engine(s) for instance(s) %s", adopted)
+        if not self.preflight.ok:
+            log.error(
+                "preflight failed; no engine will start: %s",
+                "; ".join(f"{c.name}: {c.reason}" for c in self.preflight.failures()),
+            )
+        try:
+            while not stop.is_set():
+                self.step()
+                stop.wait(self.config.tick_s)
+        finally:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            if self.config.stop_engines_on_exit:
+                log.info("stopping engines")
+                self.supervisor.stop_all()
+            else:
+                log.info("agent exits; engines keep running and will be adopted on restart")
