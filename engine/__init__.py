@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import ModelConfig
 from engine.errors import CheckpointError, ContextLengthExceeded, EngineError, InvalidParams
 from engine.memory import MemoryPlan, plan_memory
+from engine.params import SamplingParams
 
 _LAZY: dict[str, str] = {
     "Model": "engine.model",
@@ -21,10 +22,18 @@ _LAZY: dict[str, str] = {
     "load_tokenizer": "engine.loader",
     "load_checkpoint_config": "engine.loader",
     "Tokenizer": "engine.tokenizer",
+    "LLM": "engine.llm",
+    "RequestOutput": "engine.llm",
+    "EngineCore": "engine.core",
+    "RequestUpdate": "engine.core",
+    "RequestStats": "engine.core",
+    "StepStats": "engine.core",
 }
 
 if TYPE_CHECKING:
+    from engine.core import EngineCore, RequestStats, RequestUpdate, StepStats
     from engine.kv_cache import KVCache
+    from engine.llm import LLM, RequestOutput
     from engine.loader import load_checkpoint_config, load_model, load_tokenizer
     from engine.model import Model
     from engine.tokenizer import Tokenizer
@@ -38,14 +47,21 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "LLM",
     "CheckpointError",
     "ContextLengthExceeded",
+    "EngineCore",
     "EngineError",
     "InvalidParams",
     "KVCache",
     "MemoryPlan",
     "Model",
     "ModelConfig",
+    "RequestOutput",
+    "RequestStats",
+    "RequestUpdate",
+    "SamplingParams",
+    "StepStats",
     "Tokenizer",
     "load_checkpoint_config",
     "load_model",
