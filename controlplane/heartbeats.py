@@ -48,7 +48,7 @@ class _HostCache:
     observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     bucket: int = -1
     counters: dict[tuple[int, str], float] = field(default_factory=dict)
-    gauges: dict[tuple[int, str], float] = field(default_factory=dict)
+    gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
     desired_generation: int = -1
     desired: list[DesiredInstance] = field(default_factory=list)
 
@@ -94,6 +94,30 @@ class HeartbeatService:
         """Commit the host's last-seen time and observed state, then reply with desired state."""
         now = self._clock()
         cache = self._cache(host_id)
+        try:
+            row = self._record(host_id, beat, cache, now)
+        except BaseException:
+            # The transaction rolled back: what the cache says was written may not be.
+            self.forget(host_id)
+            raise
+        if self._on_heartbeat is not None:
+            lag = None if row.last_seen_at is None else (now - row.last_seen_at).total_seconds()
+            self._on_heartbeat(lag)
+        if cache.desired_generation != row.desired_generation:
+            cache.desired = self._desired_instances(host_id, files_base_url)
+            cache.desired_generation = row.desired_generation
+        return HeartbeatReply(
+            generation=row.desired_generation,
+            host_id=host_id,
+            host_state=HostState.READY,
+            draining=row.draining,
+            heartbeat_interval_s=row.heartbeat_interval_s,
+            server_time=now,
+            instances=cache.desired,
+        )
+
+    def _record(self, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime) -> Any:
+        """One transaction: host row, GPUs, observed instances, metric samples."""
         with self._engine.begin() as conn:
             row = conn.execute(
                 select(
@@ -133,21 +157,7 @@ class HeartbeatService:
             self._record_instances(conn, host_id, beat, cache, now)
             self._record_samples(conn, host_id, beat, cache, now)
         cache.facts_hash = facts_hash
-        if self._on_heartbeat is not None:
-            lag = None if row.last_seen_at is None else (now - row.last_seen_at).total_seconds()
-            self._on_heartbeat(lag)
-        if cache.desired_generation != row.desired_generation:
-            cache.desired = self._desired_instances(host_id, files_base_url)
-            cache.desired_generation = row.desired_generation
-        return HeartbeatReply(
-            generation=row.desired_generation,
-            host_id=host_id,
-            host_state=HostState.READY,
-            draining=row.draining,
-            heartbeat_interval_s=row.heartbeat_interval_s,
-            server_time=now,
-            instances=cache.desired,
-        )
+        return row
 
     def _record_gpus(
         self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache
@@ -224,52 +234,52 @@ class HeartbeatService:
     def _record_samples(
         self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
     ) -> None:
-        """Accumulate into the current 10 s bucket; write the bucket once, when it closes."""
+        """Accumulate into the current 10 s bucket; write a bucket once, when it closes.
+
+        Counters are summed deltas over the bucket; gauges and GPU readings are the last value
+        seen in it. Rows carry the bucket's start time.
+        """
         bucket = int(now.timestamp()) // SAMPLE_BUCKET_S
-        for metrics in beat.metrics:
-            for name, delta in metrics.counters.items():
-                key = (metrics.instance_id, name)
-                cache.counters[key] = cache.counters.get(key, 0.0) + delta
-            for name, value in metrics.gauges.items():
-                cache.gauges[(metrics.instance_id, name)] = value
         if cache.bucket == -1:
             cache.bucket = bucket
-        if bucket == cache.bucket:
-            return
-        bucket_time = datetime.fromtimestamp(cache.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
-        rows: list[dict[str, Any]] = []
+        if bucket != cache.bucket:
+            self._flush_bucket(conn, host_id, cache, now)
+            cache.bucket = bucket
         for gpu in beat.gpus:
             for series in GPU_SERIES:
                 value = getattr(gpu, series)
                 if value is not None:
-                    rows.append(
-                        {
-                            "host_id": host_id,
-                            "instance_id": None,
-                            "name": f"gpu{gpu.index}.{series}",
-                            "time": bucket_time,
-                            "value": float(value),
-                        }
-                    )
+                    cache.gauges[(None, f"gpu{gpu.index}.{series}")] = float(value)
+        for metrics in beat.metrics:
+            for name, delta in metrics.counters.items():
+                key = (metrics.instance_id, name[:128])
+                cache.counters[key] = cache.counters.get(key, 0.0) + delta
+            for name, value in metrics.gauges.items():
+                cache.gauges[(metrics.instance_id, name[:128])] = value
+
+    def _flush_bucket(
+        self, conn: Connection, host_id: int, cache: _HostCache, now: datetime
+    ) -> None:
+        bucket_time = datetime.fromtimestamp(cache.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
         own = set(
             conn.execute(select(col(Instance.id)).where(col(Instance.host_id) == host_id)).scalars()
         )
-        for (instance_id, name), value in [*cache.counters.items(), *cache.gauges.items()]:
-            if instance_id in own:
-                rows.append(
-                    {
-                        "host_id": host_id,
-                        "instance_id": instance_id,
-                        "name": name[:128],
-                        "time": bucket_time,
-                        "value": value,
-                    }
-                )
+        rows = [
+            {
+                "host_id": host_id,
+                "instance_id": instance_id,
+                "name": name,
+                "time": bucket_time,
+                "value": value,
+            }
+            for (instance_id, name), value in [*cache.counters.items(), *cache.gauges.items()]
+            # Metrics of instances that are not (or no longer) this host's are dropped.
+            if instance_id is None or instance_id in own
+        ]
         if rows:
             conn.execute(insert(MetricSample), rows)
         cache.counters.clear()
         cache.gauges.clear()
-        cache.bucket = bucket
 
     def _desired_instances(self, host_id: int, files_base_url: str) -> list[DesiredInstance]:
         with self._engine.connect() as conn:

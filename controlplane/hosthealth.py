@@ -61,12 +61,14 @@ class HostHealthMonitor:
                 silence = (now - seen).total_seconds()
                 state = health_for(silence, host.heartbeat_interval_s)
                 # Only heartbeats make a host ready again; the sweep only degrades.
-                if state == HostState.READY or state.value == host.state:
+                previous = host.state
+                if state == HostState.READY or state.value == previous:
                     continue
                 result = session.execute(
                     update(Host)
-                    .where(col(Host.id) == host.id, col(Host.state) == host.state)
+                    .where(col(Host.id) == host.id, col(Host.state) == previous)
                     .values(state=state.value)
+                    .execution_options(synchronize_session=False)
                 )
                 if not getattr(result, "rowcount", 0):
                     continue  # a heartbeat got there first
@@ -78,10 +80,10 @@ class HostHealthMonitor:
                     f"host/{host.name}",
                     f"host {host.name} is {state.value}: no heartbeat for {silence:.0f}s "
                     f"(interval {host.heartbeat_interval_s:g}s)",
-                    previous=host.state,
+                    previous=previous,
                     silence_s=round(silence, 3),
                 )
-                transitions.append(Transition(host.name, host.state, state.value))
+                transitions.append(Transition(host.name, previous, state.value))
             session.commit()
         return transitions
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
@@ -119,6 +120,7 @@ class Api:
     """A running app with an admin token and helpers to make the others."""
 
     client: TestClient
+    app: FastAPI
     engine: Engine
     clock: FakeClock
     admin: str
@@ -168,7 +170,9 @@ def api(db_url: str) -> Iterator[Api]:
     settings = ControlPlaneSettings(database_url=db_url)
     app = create_app(settings, clock=clock, engine=engine, run_controllers=False)
     with TestClient(app) as client:
-        yield Api(client=client, engine=engine, clock=clock, admin=admin, settings=settings)
+        yield Api(
+            client=client, app=app, engine=engine, clock=clock, admin=admin, settings=settings
+        )
     engine.dispose()
 
 

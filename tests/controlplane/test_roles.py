@@ -1,0 +1,121 @@
+"""Role matrix: every route x every role gets exactly the access the role model grants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.controlplane.conftest import Api, deploy, register_version
+
+READ = {"viewer", "operator", "admin"}
+OPERATE = {"operator", "admin"}
+ADMIN = {"admin"}
+PUBLIC = {"viewer", "operator", "admin", "bootstrap", "agent", None}
+V = "/api/v1"
+
+# (method, route template) -> roles allowed. A new route fails the test until it is listed here.
+EXPECTED: dict[tuple[str, str], set[str | None]] = {
+    ("GET", f"{V}/hosts"): READ,
+    ("GET", f"{V}/hosts/{{name}}"): READ,
+    ("POST", f"{V}/hosts/{{name}}/drain"): OPERATE,
+    ("POST", f"{V}/hosts/{{name}}/undrain"): OPERATE,
+    ("DELETE", f"{V}/hosts/{{name}}"): ADMIN,
+    ("GET", f"{V}/models"): READ,
+    ("GET", f"{V}/models/{{name}}"): READ,
+    ("POST", f"{V}/models/{{name}}/versions"): OPERATE,
+    ("GET", f"{V}/models/{{name}}/versions/{{version}}"): READ,
+    ("POST", f"{V}/models/{{name}}/versions/{{version}}/deprecate"): OPERATE,
+    ("GET", f"{V}/models/{{name}}/versions/{{version}}/files/{{path}}"): READ | {"agent"},
+    ("POST", f"{V}/deployments"): OPERATE,
+    ("GET", f"{V}/deployments"): READ,
+    ("GET", f"{V}/deployments/{{name}}"): READ,
+    ("PATCH", f"{V}/deployments/{{name}}"): OPERATE,
+    ("DELETE", f"{V}/deployments/{{name}}"): OPERATE,
+    ("GET", f"{V}/events"): READ,
+    ("POST", f"{V}/tokens"): ADMIN,
+    ("GET", f"{V}/tokens"): ADMIN,
+    ("DELETE", f"{V}/tokens/{{ref}}"): ADMIN,
+    ("POST", f"{V}/agents/register"): {"bootstrap"},
+    ("POST", f"{V}/agents/heartbeat"): {"agent"},
+    ("GET", f"{V}/status"): READ,
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/readyz"): PUBLIC,
+    ("GET", "/metrics"): PUBLIC,
+}
+
+BODIES: dict[tuple[str, str], Any] = {
+    ("POST", f"{V}/models/{{name}}/versions"): {
+        "version": "v1",
+        "manifest": {"files": [{"path": "config.json", "size": 10, "sha256": "0" * 63 + "1"}]},
+        "source_uri": "/nonexistent",
+    },
+    ("POST", f"{V}/deployments"): {
+        "name": "other",
+        "model": "demo",
+        "version": "v1",
+        "placement": {"hosts": ["gpu-1"]},
+    },
+    ("PATCH", f"{V}/deployments/{{name}}"): {"instances_per_host": 1},
+    ("POST", f"{V}/tokens"): {"name": "made", "role": "viewer"},
+    ("POST", f"{V}/agents/register"): {"name": "gpu-9"},
+    ("POST", f"{V}/agents/heartbeat"): {},
+}
+
+
+def concrete(template: str, token_ref: str) -> str:
+    """Fill a route template with objects that exist."""
+    path = template.replace("{version}", "v1").replace("{path}", "config.json")
+    path = path.replace("{ref}", token_ref)
+    if "/hosts/" in path:
+        return path.replace("{name}", "gpu-1")
+    if "/deployments/" in path:
+        return path.replace("{name}", "web")
+    return path.replace("{name}", "demo")
+
+
+def test_every_route_enforces_its_roles(api: Api) -> None:
+    register_version(api)
+    tokens: dict[str | None, str | None] = {
+        role: api.token(role) for role in ("viewer", "operator", "admin", "bootstrap")
+    }
+    tokens["agent"] = api.register("gpu-1")["agent_token"]
+    tokens[None] = None
+    assert deploy(api, "web", ["gpu-1"]).status_code == 201
+    victim = api.as_admin("POST", f"{V}/tokens", json={"name": "victim", "role": "viewer"})
+    paths = api.client.get("/openapi.json").json()["paths"]
+    routes = {(method.upper(), path) for path, ops in paths.items() for method in ops}
+    assert routes == set(EXPECTED), "classify every route in EXPECTED"
+    # Deletes last, and the host (which takes the agent token with it) very last.
+    destructive_last = sorted(
+        EXPECTED, key=lambda key: (key[0] == "DELETE", key == ("DELETE", f"{V}/hosts/{{name}}"))
+    )
+    for key in destructive_last:
+        method, template = key
+        path = concrete(template, victim.json()["id"])
+        allowed = EXPECTED[key]
+        # Refusals first: they must not change anything the allowed calls rely on.
+        for role in sorted(set(tokens) - allowed, key=str):
+            response = api.call(method, path, tokens[role], json=BODIES.get(key))
+            expected = 401 if role is None else 403
+            assert response.status_code == expected, (method, path, role, response.text)
+            if expected == 403:
+                message = response.json()["message"]
+                assert "needs a token with role" in message and str(role) in message
+        for role in sorted(allowed, key=str):
+            response = api.call(method, path, tokens[role], json=BODIES.get(key))
+            assert response.status_code not in (401, 403), (method, path, role, response.text)
+            assert response.status_code < 500, (method, path, role, response.text)
+
+
+def test_missing_and_bad_tokens_get_401_with_json(api: Api) -> None:
+    for header in [
+        None,
+        "Basic abc",
+        "Bearer",
+        "Bearer nope",
+        "Bearer dctl_000000000000_" + "x" * 40,
+    ]:
+        headers = {"Authorization": header} if header else {}
+        response = api.client.get(f"{V}/hosts", headers=headers)
+        assert response.status_code == 401, header
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["error"] == "unauthorized"
