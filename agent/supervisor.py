@@ -318,7 +318,8 @@ class Supervisor:
 
     def _exit_info(self, inst: _Instance, code: int | None, reason: str) -> ExitInfo:
         """How the engine ended; CODE < 0 is a signal, -1 an adopted process of unknown fate."""
-        tail = log_tail(self.log_path(inst.spec.instance_id))
+        # Only an engine that exited on its own has last words worth reporting.
+        tail = log_tail(self.log_path(inst.spec.instance_id)) if code and code > 0 else ""
         text = reason if not tail else f"{reason}; log: {tail}"
         return ExitInfo(
             code=code if code is not None and code >= 0 else None,

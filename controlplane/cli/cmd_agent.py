@@ -128,6 +128,10 @@ def agent(
     from controlplane.logs import configure_logging
 
     configure_logging(log_level, "kv")
+    import logging
+
+    # One line per probe and heartbeat would drown what matters.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     _run_agent(
         control_plane=control_plane,
         bootstrap_token=bootstrap_token,

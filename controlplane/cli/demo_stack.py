@@ -1,0 +1,359 @@
+"""`dctl up --demo`: control plane, agent and engine on this machine, wired together.
+
+The control plane (SQLite under the data dir) and the agent run as child processes in their own
+sessions, so a Ctrl-C reaches only this process, which then stops them in order: the agent
+first (it drains its engines), then the control plane. Every step is idempotent, so running
+`dctl up --demo` again on the same data dir reuses the checkpoint, the registration, the
+agent's identity and the deployment.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from controlplane.cli.exits import CliError
+
+DEPLOYMENT = "demo"
+MODEL, VERSION = "demo", "v1"
+ENGINE_PORTS = 8  # consecutive free ports offered to the agent
+
+
+@dataclass(frozen=True)
+class DemoEndpoints:
+    """What the demo prints once it is up."""
+
+    control_plane: str
+    base_url: str
+    context: str
+    context_is_current: bool
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on HOST:PORT and it can be bound."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_range(count: int) -> tuple[int, int]:
+    """COUNT consecutive free loopback ports."""
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            first = int(sock.getsockname()[1])
+        if first + count <= 65535 and all(port_is_free(p) for p in range(first, first + count)):
+            return first, first + count - 1
+    raise CliError(f"could not find {count} consecutive free ports on 127.0.0.1")
+
+
+def _engine_ready(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class DemoStack:
+    """Starts, watches and stops the demo's processes."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int,
+        size: str = "small",
+        timeout_s: float = 600.0,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.size = size
+        self.timeout_s = timeout_s
+        self.say = say
+        self.url = f"http://127.0.0.1:{port}"
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+
+    # --- processes -----------------------------------------------------------------------------
+
+    def _dctl(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "controlplane.cli", *args]
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log_path = self.data_dir / "logs" / f"{name}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("ab")
+        self._logs.append(log)
+        self.children[name] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+
+    def _run(self, argv: list[str], env: dict[str, str], what: str) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
+            raise CliError(f"{what} failed: {' '.join(detail) or f'exit {done.returncode}'}")
+
+    def _check_children(self) -> None:
+        for name, child in self.children.items():
+            code = child.poll()
+            if code is not None:
+                log = self.data_dir / "logs" / f"{name}.log"
+                raise CliError(f"the {name} exited with code {code}; see {log}")
+
+    def _wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self._check_children()
+            if ready():
+                return
+            time.sleep(0.5)
+        raise CliError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    # --- steps ---------------------------------------------------------------------------------
+
+    def _admin_token(self, database_url: str) -> str:
+        """Migrate the database and mint (or reuse) the demo's admin token."""
+        from controlplane import migrate
+        from controlplane.bootstrap import ensure_admin_token
+        from controlplane.db import make_engine
+
+        token_file = self.data_dir / "admin-token"
+        migrate.upgrade(database_url, "head")
+        engine = make_engine(database_url)
+        try:
+            secret = ensure_admin_token(engine)
+        finally:
+            engine.dispose()
+        if secret is not None:
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret + "\n")
+            return secret
+        if not token_file.is_file():
+            raise CliError(
+                f"the demo database in {self.data_dir} has an admin token but {token_file} is "
+                "missing: remove the data dir or pass another --data-dir"
+            )
+        return token_file.read_text().strip()
+
+    def _save_context(self, token: str) -> tuple[str, bool]:
+        """Add a `demo` context (never overwriting one); returns its name and if it is current."""
+        from controlplane.credentials import CredentialsError, CredentialsFile
+
+        store = CredentialsFile()
+        try:
+            current, contexts = store.load()
+            for name, ctx in contexts.items():
+                if ctx.url == self.url and ctx.token == token:
+                    return name, name == current
+            added = store.add(self.url, token, name="demo", make_current=current is None)
+            return added.name, store.load()[0] == added.name
+        except CredentialsError as exc:
+            self.say(f"warning: credentials not saved: {exc}")
+            return "", False
+
+    def _engine_ports(self) -> tuple[int, int]:
+        """The ports offered to the agent: those of an earlier run when still free, so the
+        instance keeps its port (and the printed URL) across runs."""
+        saved = self.data_dir / "engine-ports"
+        if saved.is_file():
+            low, _, high = saved.read_text().strip().partition("-")
+            if low.isdigit() and high.isdigit():
+                span = range(int(low), int(high) + 1)
+                if all(port_is_free(p) for p in span):
+                    return int(low), int(high)
+        first, last = free_port_range(ENGINE_PORTS)
+        saved.write_text(f"{first}-{last}\n")
+        return first, last
+
+    def start(self) -> DemoEndpoints:
+        """Bring the whole stack up and wait until the demo instance is ready."""
+        from controlplane.client import ClientError, ControlPlaneClient
+        from controlplane.schemas import DeploymentCreate, Placement, TokenCreate
+
+        if not port_is_free(self.port):
+            raise CliError(f"port {self.port} is in use: pass --port with a free port")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cp_dir = self.data_dir / "controlplane"
+        cp_dir.mkdir(exist_ok=True)
+        database_url = f"sqlite:///{cp_dir / 'dctl.db'}"
+        token = self._admin_token(database_url)
+        context, current = self._save_context(token)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DCTL_")}
+        server_env = {**env, "DCTL_DATA_DIR": str(cp_dir), "DCTL_DATABASE_URL": database_url,
+                      "DCTL_HEARTBEAT_INTERVAL_S": "2"}  # fmt: skip
+        self.say(f"starting the control plane on {self.url} (logs: {self.data_dir / 'logs'})")
+        self._spawn("control plane", self._dctl("server", "--port", str(self.port)), server_env)
+        api = ControlPlaneClient(self.url, token, timeout=10.0)
+
+        def answers() -> bool:
+            try:
+                api.request("GET", "/readyz")
+            except ClientError:
+                return False
+            return True
+
+        self._wait_for("the control plane", answers, 120)
+        cli_env = {**env, "DCTL_URL": self.url, "DCTL_TOKEN": token}
+        checkpoint = self.data_dir / "checkpoints" / "demo"
+        if not (checkpoint / "config.json").is_file():
+            self.say(f"creating the {self.size} demo checkpoint in {checkpoint}")
+            self._run(
+                self._dctl("model", "create-demo", str(checkpoint), "--size", self.size),
+                cli_env,
+                "creating the demo checkpoint",
+            )
+        self.say(f"registering {MODEL}:{VERSION}")
+        self._run(
+            self._dctl("model", "register", f"{MODEL}:{VERSION}", str(checkpoint)),
+            cli_env,
+            f"registering {MODEL}:{VERSION}",
+        )
+        from agent.runtime import default_host_name
+
+        host = default_host_name()
+        bootstrap = api.create_token(
+            TokenCreate(
+                name=f"demo-agent-{secrets.token_hex(3)}",
+                role="bootstrap",
+                expires_in_s=3600,
+                uses=1,
+            )
+        ).secret
+        first, last = self._engine_ports()
+        agent_args = ["agent", "--control-plane", self.url, "--data-dir",
+                      str(self.data_dir / "agent"), "--name", host, "--ports", f"{first}-{last}",
+                      "--metrics-port", "0", "--stop-engines-on-exit"]  # fmt: skip
+        if os.geteuid() == 0:
+            self.say("warning: running as root; the demo lets its local agent run as root")
+            agent_args.append("--allow-root")
+        self.say(f"starting the agent for host {host}")
+        self._spawn("agent", self._dctl(*agent_args), {**env, "DCTL_BOOTSTRAP_TOKEN": bootstrap})
+
+        def registered() -> bool:
+            try:
+                api.get_host(host)
+            except ClientError:
+                return False
+            return True
+
+        self._wait_for(f"host {host} to register", registered, 300)
+        try:
+            api.get_deployment(DEPLOYMENT)
+        except ClientError:
+            self.say(f"deploying {MODEL}:{VERSION} as {DEPLOYMENT!r} on {host}")
+            api.create_deployment(
+                DeploymentCreate(
+                    name=DEPLOYMENT,
+                    model=MODEL,
+                    version=VERSION,
+                    placement=Placement(hosts=[host]),
+                )
+            )
+        ports: list[int] = []
+
+        def instance_ready() -> bool:
+            try:
+                deployment = api.get_deployment(DEPLOYMENT)
+            except ClientError:
+                return False
+            # The stored state may be left over from an earlier run: ask the engine itself too.
+            ready = [
+                i.port
+                for i in deployment.instances
+                if i.observed_state == "ready" and _engine_ready(i.port)
+            ]
+            ports[:] = ready
+            return bool(ready)
+
+        self.say("waiting for the engine to load the model and become ready")
+        self._wait_for("the demo instance to become ready", instance_ready, self.timeout_s)
+        api.close()
+        return DemoEndpoints(self.url, f"http://127.0.0.1:{ports[0]}/v1", context, current)
+
+    def watch(self, stop: threading.Event) -> None:
+        """Block until STOP is set; a child that dies ends the demo with an error."""
+        while not stop.wait(0.5):
+            self._check_children()
+
+    def stop(self) -> None:
+        """Stop the agent (draining its engines), then the control plane."""
+        for name in ("agent", "control plane"):
+            child = self.children.get(name)
+            if child is None or child.poll() is not None:
+                continue
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        for log in self._logs:
+            log.close()
+
+
+def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
+    """The `dctl up --demo` command: start, print what to do next, wait for Ctrl-C, stop."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = DemoStack(data_dir, port, size, timeout_s, say=lambda line: print(line, flush=True))
+    try:
+        endpoints = stack.start()
+        context_note = ""
+        if endpoints.context:
+            context_note = f"Credentials: context {endpoints.context!r} in the credentials file"
+            if not endpoints.context_is_current:
+                context_note += f" (`dctl context use {endpoints.context}` makes it current)"
+        sample = (
+            f"curl {endpoints.base_url}/chat/completions -H 'Content-Type: application/json' "
+            f"""-d '{{"model": "{DEPLOYMENT}", "messages": [{{"role": "user", "content": """
+            """"Hello!"}], "max_tokens": 32}'"""
+        )
+        print(
+            "\n".join(
+                [
+                    "",
+                    "dctl demo is up.",
+                    f"Control plane: {endpoints.control_plane}",
+                    f"OpenAI base URL: {endpoints.base_url}",
+                    *([context_note] if context_note else []),
+                    "Try:",
+                    f"  {sample}",
+                    "  dctl status",
+                    "  dctl tui",
+                    "Ctrl-C stops everything.",
+                ]
+            ),
+            flush=True,
+        )
+        stack.watch(stop)
+        print("stopping the demo...", flush=True)
+        return 0
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.code
+    finally:
+        stack.stop()
