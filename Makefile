@@ -25,10 +25,9 @@ $(DEVSTAMP): pyproject.toml $(BIN)/.torch
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@ $(STAMP)
 
+# The whole stack on this machine: control plane, agent (fake GPUs without NVIDIA), demo model.
 demo: $(STAMP)
-	@$(BIN)/dctl --help
-	@echo
-	@echo "dctl: a control plane for GPU fleets serving MoE block-diffusion LMs. The demo stack (dctl up --demo) is not available yet."
+	$(BIN)/dctl up --demo
 
 test: $(DEVSTAMP) lint
 	$(BIN)/python -m pytest --durations=15
