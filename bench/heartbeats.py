@@ -1,0 +1,393 @@
+"""Heartbeat throughput of the control plane: N simulated agents over HTTP on loopback.
+
+Starts a real `dctl server` subprocess (SQLite file, then a throwaway PostgreSQL database when
+one listens on 127.0.0.1:5432), registers N hosts with a bootstrap token, then lets every agent
+heartbeat on its own keep-alive connection:
+
+- open loop: each agent sends every N/RATE seconds (RATE heartbeats/s in total), the way a
+  fleet of N hosts at a fixed interval does; reports the rate achieved and p50/p99 latency;
+- closed loop: C agents send back to back; reports the most the server sustains.
+
+Each heartbeat is realistic: facts, 8 GPUs with samples, 2 instances with engine metric deltas.
+Server CPU (from /proc) and the load generator's CPU are reported too: both share the machine.
+Goal: >= 500 heartbeats/s with p99 < 100 ms (2,500 hosts at a 5 s interval).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from controlplane.wire import (
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    GpuStatus,
+    Heartbeat,
+    HistogramDelta,
+    HostFacts,
+    InstanceMetrics,
+    InstanceState,
+    ObservedInstance,
+    PreflightCheck,
+    RegisterRequest,
+)
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SERVER_CMD = [sys.executable, "-m", "controlplane.cli", "server"]
+
+
+def heartbeat_body(host: int, rng: random.Random) -> bytes:
+    """A realistic heartbeat of host number HOST, serialised once (agents resend similar ones)."""
+    gpus = [
+        GpuStatus(
+            index=i,
+            uuid=f"GPU-{host:05d}-{i}-5f1c2a7e-9b3d-4c1e-8a2f",
+            name="NVIDIA H100 80GB HBM3",
+            memory_total_bytes=80 * 2**30,
+            memory_used_bytes=rng.randrange(10, 79) * 2**30,
+            utilization_percent=float(rng.randrange(0, 100)),
+            temperature_c=float(rng.randrange(30, 80)),
+            power_w=float(rng.randrange(80, 700)),
+            power_limit_w=700.0,
+            ecc_uncorrectable=0,
+            persistence_mode=True,
+            compute_capability="9.0",
+        )
+        for i in range(8)
+    ]
+    instances = [
+        ObservedInstance(
+            instance_id=host * 2 + k + 1,
+            state=InstanceState.READY,
+            pid=10_000 + k,
+            port=18000 + k,
+            restart_count=0,
+            message="",
+        )
+        for k in range(2)
+    ]
+    buckets = {le: float(n) for le, n in (("0.1", 3), ("0.5", 40), ("1", 57), ("+Inf", 60))}
+    metrics = [
+        InstanceMetrics(
+            instance_id=inst.instance_id,
+            counters={"dllm_generated_tokens_total": 5120.0, "dllm_requests_total": 60.0},
+            gauges={"dllm_requests_running": 4.0, "dllm_requests_waiting": 1.0},
+            histograms={
+                "dllm_e2e_request_latency_seconds": HistogramDelta(
+                    buckets=buckets, sum=31.5, count=60
+                ),
+                "dllm_tokens_per_forward": HistogramDelta(buckets=buckets, sum=180.0, count=60),
+            },
+        )
+        for inst in instances
+    ]
+    facts = HostFacts(
+        hostname=f"gpu-{host:05d}.example",
+        os="Ubuntu 24.04",
+        agent_version="0.1.0",
+        gpu_backend="nvml",
+        driver_version="560.35.03",
+        cuda_driver_version="12.6",
+        cpu_count=128,
+        memory_bytes=2 * 2**40,
+        disk_free_bytes=3 * 2**40,
+        preflight=[PreflightCheck(name=n, status="pass") for n in ("driver", "cuda", "ecc")],
+    )
+    beat = Heartbeat(
+        applied_generation=1, facts=facts, gpus=gpus, instances=instances, metrics=metrics
+    )
+    return beat.model_dump_json(exclude_none=True).encode()
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process (and its reaped children) used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / CLK_TCK
+
+
+@dataclass
+class RunningServer:
+    """A `dctl server` subprocess and the admin token it printed on first start."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    admin_token: str
+
+
+@contextmanager
+def dctl_server(db_url: str, home: Path) -> Iterator[RunningServer]:
+    """Run `dctl server --migrate` on DB_URL until the block ends."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DCTL_")}
+    env.update(
+        XDG_CONFIG_HOME=str(home / "config"),
+        XDG_DATA_HOME=str(home / "data"),
+        DCTL_LOG_LEVEL="warning",
+    )
+    out = home / f"server-{port}.out"
+    with out.open("wb") as sink:
+        proc = subprocess.Popen(
+            [*SERVER_CMD, "--migrate", "--db", db_url, "--port", str(port)],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"dctl server exited: {out.read_text()[-2000:]}")
+            with suppress(httpx.TransportError):
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit("dctl server did not become healthy in 60 s")
+            time.sleep(0.1)
+        match = re.search(r"admin token \(shown only this once\): (\S+)", out.read_text())
+        if not match:
+            raise SystemExit("dctl server printed no admin token on first start")
+        yield RunningServer(url, proc, match.group(1))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def register_agents(server: RunningServer, count: int) -> list[str]:
+    """Register COUNT hosts with one bootstrap token; returns their agent tokens."""
+    admin = {"Authorization": f"Bearer {server.admin_token}"}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        boot = http.post(
+            "/api/v1/tokens",
+            json={"name": "bench-bootstrap", "role": "bootstrap", "uses": count},
+            headers=admin,
+        )
+        boot.raise_for_status()
+        headers = {
+            "Authorization": f"Bearer {boot.json()['secret']}",
+            "Content-Type": "application/json",
+        }
+        tokens = []
+        for i in range(count):
+            body = RegisterRequest(name=f"gpu-{i:05d}", labels={"rack": f"r{i % 40}"})
+            reply = http.post(REGISTER_PATH, content=body.model_dump_json(), headers=headers)
+            reply.raise_for_status()
+            tokens.append(str(reply.json()["agent_token"]))
+    return tokens
+
+
+@dataclass
+class Phase:
+    """What one load phase measured."""
+
+    name: str
+    sent: int
+    errors: int
+    seconds: float
+    latencies_ms: list[float]
+    server_cpu_s: float
+    client_cpu_s: float
+
+    @property
+    def rate(self) -> float:
+        """Successful heartbeats per second."""
+        return (self.sent - self.errors) / self.seconds
+
+    def percentile(self, q: float) -> float:
+        """Latency percentile Q (0-100) in ms."""
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+    def line(self, backend: str) -> str:
+        """One line of figures."""
+        return (
+            f"{backend:<10} {self.name:<30} {self.rate:7.0f} hb/s  "
+            f"p50 {self.percentile(50):6.1f} ms  p99 {self.percentile(99):6.1f} ms  "
+            f"errors {self.errors}  server CPU {100 * self.server_cpu_s / self.seconds:4.0f}%  "
+            f"load-gen CPU {100 * self.client_cpu_s / self.seconds:4.0f}%"
+        )
+
+
+async def run_phase(
+    server: RunningServer,
+    tokens: list[str],
+    bodies: list[bytes],
+    *,
+    name: str,
+    seconds: float,
+    rate: float | None,
+) -> Phase:
+    """Heartbeat for SECONDS: every agent at interval len(tokens)/RATE, or back to back."""
+    latencies: list[float] = []
+    counts = {"sent": 0, "errors": 0}
+    interval = len(tokens) / rate if rate else 0.0
+    limits = httpx.Limits(max_connections=len(tokens), max_keepalive_connections=len(tokens))
+    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=30) as http:
+        start = time.perf_counter()
+        stop = start + seconds
+
+        async def agent(token: str, body: bytes) -> None:
+            headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            due = start + (random.random() * interval if interval else 0.0)
+            while True:
+                now = time.perf_counter()
+                if due > now:
+                    await asyncio.sleep(due - now)
+                if time.perf_counter() >= stop:
+                    return
+                sent_at = time.perf_counter()
+                try:
+                    reply = await http.post(HEARTBEAT_PATH, content=body, headers=headers)
+                    ok = reply.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(1000 * (time.perf_counter() - sent_at))
+                counts["sent"] += 1
+                counts["errors"] += 0 if ok else 1
+                due = max(due + interval, time.perf_counter()) if interval else 0.0
+
+        server_cpu, client_cpu = cpu_seconds(server.proc.pid), time.process_time()
+        await asyncio.gather(*(agent(t, b) for t, b in zip(tokens, bodies, strict=True)))
+        elapsed = time.perf_counter() - start
+    return Phase(
+        name=name,
+        sent=counts["sent"],
+        errors=counts["errors"],
+        seconds=elapsed,
+        latencies_ms=latencies,
+        server_cpu_s=cpu_seconds(server.proc.pid) - server_cpu,
+        client_cpu_s=time.process_time() - client_cpu,
+    )
+
+
+def bench_backend(backend: str, db_url: str, args: argparse.Namespace) -> list[Phase]:
+    """Every phase against one database."""
+    with (
+        tempfile.TemporaryDirectory(prefix=f"dctl-bench-{backend}-") as tmp,
+        dctl_server(db_url, Path(tmp)) as server,
+    ):
+        tokens = register_agents(server, args.agents)
+        rng = random.Random(0)
+        bodies = [heartbeat_body(i, rng) for i in range(args.agents)]
+        # Warm-up: first heartbeats insert GPU rows and instance state; not measured.
+        asyncio.run(
+            run_phase(server, tokens, bodies, name="warm-up", seconds=args.warmup, rate=None)
+        )
+        phases = []
+        for rate in args.rates:
+            phases.append(
+                asyncio.run(
+                    run_phase(
+                        server,
+                        tokens,
+                        bodies,
+                        name=f"open loop {rate:.0f}/s, {args.agents} agents",
+                        seconds=args.duration,
+                        rate=rate,
+                    )
+                )
+            )
+        closed = tokens[: args.concurrency]
+        phases.append(
+            asyncio.run(
+                run_phase(
+                    server,
+                    closed,
+                    bodies[: len(closed)],
+                    name=f"closed loop, {len(closed)} agents",
+                    seconds=args.duration,
+                    rate=None,
+                )
+            )
+        )
+    return phases
+
+
+@contextmanager
+def throwaway_postgres() -> Iterator[str | None]:
+    """A fresh PostgreSQL database on 127.0.0.1:5432, dropped afterwards; None if none runs."""
+    try:
+        import psycopg
+    except ImportError:
+        yield None
+        return
+    name = f"dctl_bench_{os.getpid()}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError:
+        yield None
+        return
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run every backend, print one line per phase."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=250, help="simulated hosts")
+    parser.add_argument(
+        "--rates", type=float, nargs="+", default=[500.0, 1000.0], help="open-loop targets, hb/s"
+    )
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop agents")
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per phase")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
+    parser.add_argument("--smoke", action="store_true", help="a few seconds, for the test suite")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.agents, args.rates, args.concurrency = 20, [100.0], 8
+        args.duration, args.warmup = 1.5, 0.5
+    print(
+        f"heartbeats: {args.agents} agents, 8 GPUs + 2 instances each, "
+        f"{args.duration:.0f} s per phase (goal >= 500 hb/s, p99 < 100 ms)"
+    )
+    for backend in args.backends:
+        if backend == "sqlite":
+            with tempfile.TemporaryDirectory(prefix="dctl-bench-db-") as tmp:
+                phases = bench_backend("sqlite", f"sqlite:///{tmp}/bench.db", args)
+        elif backend == "postgres":
+            with throwaway_postgres() as url:
+                if url is None:
+                    print("postgres   skipped: nothing answers on 127.0.0.1:5432")
+                    continue
+                phases = bench_backend("postgres", url, args)
+        else:
+            parser.error(f"unknown backend {backend!r}: use sqlite and/or postgres")
+        for phase in phases:
+            print(phase.line(backend), flush=True)
+
+
+if __name__ == "__main__":
+    main()
