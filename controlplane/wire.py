@@ -36,6 +36,9 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like: a
 VersionTag = Annotated[str, Field(pattern=VERSION_PATTERN, description="letters, digits, . _ -")]
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
 Port = Annotated[int, Field(ge=1, le=65535)]
+# Bounds that every database column can hold (32-bit ids and counters, 63-bit byte counts).
+INT32_MAX = 2**31 - 1
+BYTES_MAX = 2**62
 
 
 class InstanceState(StrEnum):
@@ -86,7 +89,7 @@ class ManifestEntry(WireModel):
     """One file of a weight snapshot: path relative to the snapshot root, size, sha256."""
 
     path: str = Field(min_length=1, max_length=1024)
-    size: int = Field(ge=0)
+    size: int = Field(ge=0, le=BYTES_MAX)
     sha256: Sha256
 
     @field_validator("path")
@@ -114,6 +117,8 @@ class Manifest(WireModel):
             if entry.path in seen:
                 raise ValueError(f"manifest lists {entry.path!r} twice")
             seen.add(entry.path)
+        if self.total_bytes() > BYTES_MAX:
+            raise ValueError(f"manifest sizes add up to more than {BYTES_MAX} bytes")
         return self
 
     def canonical_json(self) -> bytes:
@@ -136,12 +141,18 @@ class Manifest(WireModel):
 class MemoryPlan(WireModel):
     """GPU memory a model version needs, computed by the CLI at registration (no torch needed)."""
 
-    weights_bytes: int = Field(ge=0, description="bytes of all weights in the serving dtype")
-    kv_bytes_per_token: int = Field(ge=0, description="KV cache bytes per token, all layers")
+    weights_bytes: int = Field(
+        ge=0, le=BYTES_MAX, description="bytes of all weights in the serving dtype"
+    )
+    kv_bytes_per_token: int = Field(
+        ge=0, le=BYTES_MAX, description="KV cache bytes per token, all layers"
+    )
     dtype: str = Field(default="bfloat16", max_length=32)
-    max_context_tokens: int | None = Field(default=None, ge=1)
-    activation_bytes: int = Field(default=0, ge=0, description="working memory headroom")
-    num_parameters: int | None = Field(default=None, ge=0)
+    max_context_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    activation_bytes: int = Field(
+        default=0, ge=0, le=BYTES_MAX, description="working memory headroom"
+    )
+    num_parameters: int | None = Field(default=None, ge=0, le=BYTES_MAX)
 
     def required_bytes(self, kv_tokens: int) -> int:
         """Bytes needed to hold the weights, activations and a KV cache of `kv_tokens` tokens."""
@@ -206,9 +217,9 @@ class HostFacts(WireModel):
     gpu_backend: GpuBackendName = "fake"
     driver_version: str | None = Field(default=None, max_length=64)
     cuda_driver_version: str | None = Field(default=None, max_length=32)
-    cpu_count: int | None = Field(default=None, ge=0)
-    memory_bytes: int | None = Field(default=None, ge=0)
-    disk_free_bytes: int | None = Field(default=None, ge=0)
+    cpu_count: int | None = Field(default=None, ge=0, le=BYTES_MAX)
+    memory_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
+    disk_free_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     preflight: list[PreflightCheck] = Field(default_factory=list, max_length=64)
 
     def preflight_ok(self) -> bool:
@@ -222,8 +233,8 @@ class GpuStatus(WireModel):
     index: int = Field(ge=0, le=1023)
     uuid: str = Field(max_length=128)
     name: str = Field(default="", max_length=128)
-    memory_total_bytes: int = Field(default=0, ge=0)
-    memory_used_bytes: int = Field(default=0, ge=0)
+    memory_total_bytes: int = Field(default=0, ge=0, le=BYTES_MAX)
+    memory_used_bytes: int = Field(default=0, ge=0, le=BYTES_MAX)
     utilization_percent: float | None = Field(default=None, ge=0, le=100)
     temperature_c: float | None = Field(default=None, ge=-50, le=200)
     power_w: float | None = Field(default=None, ge=0)
@@ -245,11 +256,11 @@ class ExitInfo(WireModel):
 class ObservedInstance(WireModel):
     """An engine instance as the agent sees it."""
 
-    instance_id: int = Field(ge=1)
+    instance_id: int = Field(ge=1, le=INT32_MAX)
     state: InstanceState
-    pid: int | None = Field(default=None, ge=1)
+    pid: int | None = Field(default=None, ge=1, le=INT32_MAX)
     port: Port | None = None
-    restart_count: int = Field(default=0, ge=0)
+    restart_count: int = Field(default=0, ge=0, le=INT32_MAX)
     last_exit: ExitInfo | None = None
     version_digest: Sha256 | None = None
     message: str = Field(default="", max_length=1000)
@@ -260,8 +271,8 @@ class SnapshotProgress(WireModel):
 
     digest: Sha256
     state: Literal["downloading", "verifying", "ready", "failed"]
-    bytes_done: int = Field(default=0, ge=0)
-    bytes_total: int = Field(default=0, ge=0)
+    bytes_done: int = Field(default=0, ge=0, le=BYTES_MAX)
+    bytes_total: int = Field(default=0, ge=0, le=BYTES_MAX)
     bytes_per_s: float = Field(default=0.0, ge=0)
     error: str = Field(default="", max_length=1000)
 
@@ -281,7 +292,7 @@ class HistogramDelta(WireModel):
 class InstanceMetrics(WireModel):
     """Engine `/metrics` of one instance: counter and histogram deltas, gauges as last seen."""
 
-    instance_id: int = Field(ge=1)
+    instance_id: int = Field(ge=1, le=INT32_MAX)
     counters: dict[str, float] = Field(default_factory=dict, max_length=256)
     histograms: dict[str, HistogramDelta] = Field(default_factory=dict, max_length=64)
     gauges: dict[str, float] = Field(default_factory=dict, max_length=256)
@@ -291,7 +302,9 @@ class Heartbeat(WireModel):
     """Sent every `heartbeat_interval_s` with an agent token; the host comes from the token."""
 
     sent_at: datetime | None = None
-    applied_generation: int = Field(default=0, ge=0, description="last desired state applied")
+    applied_generation: int = Field(
+        default=0, ge=0, le=INT32_MAX, description="last desired state applied"
+    )
     facts: HostFacts = Field(default_factory=HostFacts)
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
     instances: list[ObservedInstance] = Field(default_factory=list, max_length=256)

@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("controlplane.api")
@@ -82,6 +82,18 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             _body("conflict", "the request conflicts with stored data (it may already exist)"),
             status_code=409,
+        )
+
+    @app.exception_handler(DataError)
+    async def _data(_request: Request, exc: DataError) -> JSONResponse:
+        # Validation should catch these first; this is the net under it (e.g. NUL in text).
+        log.info("data error: %s", exc.orig)
+        return JSONResponse(
+            _body(
+                "invalid_request",
+                "a value cannot be stored: remove NUL characters and keep numbers in range",
+            ),
+            status_code=422,
         )
 
     @app.exception_handler(OperationalError)

@@ -19,7 +19,9 @@ router = APIRouter(prefix="/api/v1/events", tags=["events"])
 def list_events(
     session: SessionDep,
     _who: Viewer,
-    after: Annotated[int | None, Query(ge=0, description="only events with id > after")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=2**62, description="only events with id > after")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     kind: Annotated[str | None, Query(max_length=64, description="exact kind or prefix.*")] = None,
     subject: Annotated[str | None, Query(max_length=200)] = None,
