@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -34,7 +35,7 @@ def client_answering(
     ],
 )  # fmt: skip
 def test_error_bodies_become_one_message_with_the_status(
-    answer: dict[str, object], message: str
+    answer: dict[str, Any], message: str
 ) -> None:
     with client_answering(**answer) as api, pytest.raises(ClientError) as info:
         api.list_hosts()
