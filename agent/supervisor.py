@@ -128,6 +128,7 @@ class _Instance:
     after_stop: str = "stay"  # "stay" stopped, "restart" after a failure, "remove" forget it
     last_exit: ExitInfo | None = None
     message: str = ""
+    note: str = ""  # said by the agent about this instance (e.g. its new snapshot was refused)
     busy_ratio: float = 0.0
 
 
@@ -177,6 +178,7 @@ class Supervisor:
             self._instances[spec.instance_id] = _Instance(spec=spec)
             self._start(self._instances[spec.instance_id])
             return
+        current.note = ""
         if current.spec.fingerprint() == spec.fingerprint():
             if current.state == InstanceState.STOPPED:
                 current.failures = 0
@@ -211,7 +213,7 @@ class Supervisor:
         if inst.process is None or inst.process.poll() is not None:
             self._set(inst, InstanceState.FAILED, reason)
         else:
-            inst.message = reason  # the engine already running keeps serving
+            inst.note = reason  # the engine already running keeps serving
 
     def instance_ids(self) -> list[int]:
         """Every instance the supervisor knows."""
@@ -463,7 +465,7 @@ class Supervisor:
                     restart_count=inst.restart_count,
                     last_exit=inst.last_exit,
                     version_digest=inst.spec.digest,
-                    message=inst.message[:1000],
+                    message="; ".join(m for m in (inst.message, inst.note) if m)[:1000],
                 )
             )
         return result
