@@ -157,18 +157,22 @@ class AsyncEngine:
         the request is aborted so its slot is freed.
         """
         finished = False
+        next_check = time.monotonic() + POLL_S
         try:
             while True:
-                wait = POLL_S
-                if deadline is not None:
-                    wait = min(wait, deadline - time.monotonic())
-                    if wait <= 0:
-                        raise TimeoutError
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    raise TimeoutError
+                # uvicorn drops writes to a closed connection silently, so a steady stream of
+                # updates would never notice a departed client: ask every POLL_S seconds.
+                if client_gone is not None and now >= next_check:
+                    next_check = now + POLL_S
+                    if await client_gone():
+                        raise ClientGone(request_id)
+                wait = POLL_S if deadline is None else min(POLL_S, deadline - now)
                 try:
                     item = await asyncio.wait_for(updates.get(), wait)
                 except TimeoutError:
-                    if client_gone is not None and await client_gone():
-                        raise ClientGone(request_id) from None
                     continue
                 if isinstance(item, RequestFailed):
                     finished = True

@@ -8,12 +8,13 @@ in the OpenAI shape with a 4xx/5xx status that says what to do; nothing a client
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,30 @@ class ServerState:
         if self.draining:
             return "draining"
         return "ready" if self.model is not None else "loading"
+
+
+class DisconnectWatch:
+    """Notices a client that closed its connection, by reading the ASGI receive channel.
+
+    uvicorn drops writes to a closed connection silently, and Starlette's `is_disconnected()`
+    probe consumes messages; a task that owns the channel once the body is read is exact.
+    """
+
+    def __init__(self, request: Request) -> None:
+        self._task = asyncio.create_task(self._watch(request.receive))
+
+    @staticmethod
+    async def _watch(receive: Callable[[], Awaitable[Any]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def gone(self) -> bool:
+        """True once the client has disconnected."""
+        return self._task.done()
+
+    def close(self) -> None:
+        """Stop watching."""
+        self._task.cancel()
 
 
 def _error_response(err: ApiError) -> JSONResponse:
@@ -243,9 +268,10 @@ def create_app(state: ServerState) -> FastAPI:
         served: ServedModel, request: Request, request_id: str, updates: Any, end: float
     ) -> tuple[str, str | None, Any]:
         text, reason, stats = [], None, None
+        watch = DisconnectWatch(request)
         try:
             async for u in served.engine.updates(
-                request_id, updates, deadline=end, client_gone=request.is_disconnected
+                request_id, updates, deadline=end, client_gone=watch.gone
             ):
                 text.append(u.text_delta)
                 if u.finished:
@@ -258,6 +284,8 @@ def create_app(state: ServerState) -> FastAPI:
                 f"{config.service.request_timeout_s:g}",
                 code="timeout",
             ) from None
+        except ClientGone:
+            raise ApiError(499, "client closed the request", code="client_gone") from None
         except EngineStopped:
             raise ApiError(503, "aborted: the server shut down", code="draining") from None
         except InvalidParams as exc:
@@ -267,6 +295,8 @@ def create_app(state: ServerState) -> FastAPI:
             raise ApiError(
                 503, f"the engine failed this request: {exc}", code="engine_error"
             ) from None
+        finally:
+            watch.close()
         return "".join(text), reason, stats
 
     def usage_of(stats: Any, prompt_len: int, completion_tokens: int) -> Usage:
@@ -292,9 +322,10 @@ def create_app(state: ServerState) -> FastAPI:
             if first is not None:
                 yield f"data: {json.dumps(first)}\n\n"
             generated = 0
+            watch = DisconnectWatch(request)
             try:
                 async for u in served.engine.updates(
-                    request_id, updates, deadline=end, client_gone=request.is_disconnected
+                    request_id, updates, deadline=end, client_gone=watch.gone
                 ):
                     generated += len(u.new_token_ids)
                     if u.text_delta:
@@ -317,6 +348,8 @@ def create_app(state: ServerState) -> FastAPI:
                 )
                 metrics.record_error("timeout" if isinstance(exc, TimeoutError) else "engine_error")
                 yield f"data: {json.dumps(err.body())}\n\n"
+            finally:
+                watch.close()
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(

@@ -91,10 +91,10 @@ class ServerProcess:
         return int(self.proc.returncode)
 
 
-def start_server(
+def launch_server(
     tmp: Path, checkpoint: Path, service: dict[str, Any] | None = None, **model: Any
 ) -> ServerProcess:
-    """Write a config file, launch the server, wait until /health/ready answers 200."""
+    """Write a config file and start the server process (not waiting for it)."""
     port = free_port()
     config = {
         "service": {"host": "127.0.0.1", "port": port, **(service or {})},
@@ -115,11 +115,17 @@ def start_server(
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    return ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+
+
+def wait_ready(server: ServerProcess) -> ServerProcess:
+    """Poll the probes until /health/ready answers 200, recording what they said meanwhile."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"server exited {proc.returncode}: {log_path.read_text()[-3000:]}")
+        if server.proc.poll() is not None:
+            raise AssertionError(
+                f"server exited {server.proc.returncode}: {server.log_path.read_text()[-3000:]}"
+            )
         try:
             live = httpx.get(f"{server.url}/health/live", timeout=2).status_code
             ready = httpx.get(f"{server.url}/health/ready", timeout=2).status_code
@@ -131,7 +137,14 @@ def start_server(
             return server
         time.sleep(0.05)
     server.stop()
-    raise AssertionError(f"server not ready in {START_TIMEOUT_S} s: {log_path.read_text()[-3000:]}")
+    raise AssertionError(f"not ready in {START_TIMEOUT_S} s: {server.log_path.read_text()[-3000:]}")
+
+
+def start_server(
+    tmp: Path, checkpoint: Path, service: dict[str, Any] | None = None, **model: Any
+) -> ServerProcess:
+    """Launch a server and wait until it is ready."""
+    return wait_ready(launch_server(tmp, checkpoint, service, **model))
 
 
 @pytest.fixture(scope="session")
