@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,8 +88,13 @@ def model_register(
     name, version = split_name_version(name_version)
     if parent is not None:
         split_name_version(parent, "--parent")
+
+    def progress(path: str, size: int) -> None:
+        # Hashing a large checkpoint takes minutes: show a person at a terminal that it moves.
+        print(f"  sha256 {path} ({human_bytes(size)})", file=sys.stderr, flush=True)
+
     try:
-        manifest = compute_manifest(directory)
+        manifest = compute_manifest(directory, progress if sys.stderr.isatty() else None)
     except ManifestError as exc:
         fail(str(exc))
     plan, plan_note = memory_plan(directory)
