@@ -248,8 +248,6 @@ def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = 
 
     Raises ValueError for an unknown size or a directory that already holds other files.
     """
-    from safetensors.torch import save_file
-
     if size not in SHAPES:
         raise ValueError(f"size must be one of {', '.join(SIZES)} (got {size!r})")
     if seed < 0:
@@ -261,6 +259,7 @@ def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = 
     if out.is_dir() and any(out.iterdir()):
         raise ValueError(f"{out} is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file  # torch: only once the arguments are known good
 
     tokenizer = train_tokenizer(shape.bpe_vocab)
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + THINK_TOKENS}
