@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.api import agents, deployments, events, health, hosts, models, tokens
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
+from controlplane.auth import AgentTokenCache
 from controlplane.db import make_engine
 from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthMonitor
@@ -72,6 +73,7 @@ def create_app(
         heartbeats=HeartbeatService(engine, clock, on_heartbeat=metrics.observe_heartbeat),
         health=HostHealthMonitor(engine, clock),
         metrics=metrics,
+        token_cache=AgentTokenCache(),
     )
 
     @asynccontextmanager

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -54,6 +55,7 @@ class Principal:
     role: Role
     host_id: int | None
     limited_uses: bool = False
+    expires_at: datetime | None = None
 
     def may(self, role: Role) -> bool:
         """True when this token's role includes `role`."""
@@ -143,7 +145,61 @@ def authenticate(session: Session, secret: str, now: datetime) -> Principal:
         role=Role(row.role),
         host_id=row.host_id,
         limited_uses=row.uses_left is not None,
+        expires_at=row.expires_at,
     )
+
+
+class AgentTokenCache:
+    """Recently verified agent tokens, so a heartbeat costs no token query.
+
+    Entries live `ttl` seconds at most, so a token revoked by another replica stops working
+    within that time; on this replica revocation, re-registration and host removal drop the
+    entries at once. Only agent tokens without a uses limit are cached.
+    """
+
+    def __init__(self, ttl: timedelta = timedelta(seconds=5)) -> None:
+        self._ttl = ttl
+        self._entries: dict[str, tuple[str, Principal, datetime | None, datetime]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, secret: str, now: datetime) -> Principal | None:
+        """The cached principal for `secret`, or None (not cached, stale, expired, mismatch)."""
+        match = _TOKEN_RE.match(secret)
+        if match is None:
+            return None
+        entry = self._entries.get(match.group(1))
+        if entry is None:
+            return None
+        digest, principal, expires_at, cached_at = entry
+        if now - cached_at >= self._ttl or (expires_at is not None and expires_at <= now):
+            return None
+        if not hmac.compare_digest(digest, hash_secret(secret)):
+            return None
+        return principal
+
+    def put(self, secret: str, principal: Principal, now: datetime) -> None:
+        """Remember a token that `authenticate` just accepted."""
+        if principal.role != Role.AGENT or principal.limited_uses:
+            return
+        with self._lock:
+            self._entries[principal.key_id] = (
+                hash_secret(secret),
+                principal,
+                principal.expires_at,
+                now,
+            )
+
+    def drop_key(self, key_id: str) -> None:
+        """Forget one token (it was revoked)."""
+        with self._lock:
+            self._entries.pop(key_id, None)
+
+    def drop_host(self, host_id: int) -> None:
+        """Forget every token bound to a host (re-registered or removed)."""
+        with self._lock:
+            for key, entry in list(self._entries.items()):
+                if entry[1].host_id == host_id:
+                    del self._entries[key]
 
 
 def consume_use(session: Session, token_id: int) -> bool:

@@ -15,16 +15,25 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
+from pydantic import TypeAdapter
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
-from controlplane.models import Deployment, Event, Gpu, Host, Instance, MetricSample, Model
+from controlplane.models import (
+    Deployment,
+    Event,
+    Gpu,
+    Instance,
+    MetricSample,
+    Model,
+    UTCDateTime,
+)
 from controlplane.models import ModelVersion as VersionRow
 from controlplane.wire import (
     DesiredInstance,
     Heartbeat,
-    HeartbeatReply,
     HostState,
     Manifest,
     MemoryPlan,
@@ -33,6 +42,53 @@ from controlplane.wire import (
 
 SAMPLE_BUCKET_S = 10
 GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
+
+
+class _Statements:
+    """The hot path's SQL, built once: plain text with typed parameters, cheap to execute."""
+
+    def __init__(self) -> None:
+        self.select_host = sa.text(
+            "SELECT name, state, draining, desired_generation, heartbeat_interval_s, "
+            "last_seen_at FROM host WHERE id = :hid"
+        ).columns(
+            sa.column("name", sa.String),
+            sa.column("state", sa.String),
+            sa.column("draining", sa.Boolean),
+            sa.column("desired_generation", sa.Integer),
+            sa.column("heartbeat_interval_s", sa.Float),
+            sa.column("last_seen_at", UTCDateTime()),
+        )
+        self.touch_host = sa.text(
+            "UPDATE host SET last_seen_at = :now, applied_generation = :gen, "
+            "gpu_samples = :gpus WHERE id = :hid"
+        ).bindparams(
+            sa.bindparam("now", type_=UTCDateTime()), sa.bindparam("gpus", type_=sa.JSON())
+        )
+        self.set_facts = sa.text("UPDATE host SET facts = :facts WHERE id = :hid").bindparams(
+            sa.bindparam("facts", type_=sa.JSON())
+        )
+        self.mark_ready = sa.text("UPDATE host SET state = 'ready' WHERE id = :hid")
+        # The host_id condition is what keeps one agent from writing another host's instances.
+        self.observe_instance = (
+            update(Instance)
+            .where(
+                col(Instance.id) == bindparam("b_id"), col(Instance.host_id) == bindparam("b_host")
+            )
+            .values(
+                observed_state=bindparam("b_state"),
+                pid=bindparam("b_pid"),
+                restart_count=bindparam("b_restarts"),
+                last_exit=bindparam("b_exit"),
+                observed_digest=bindparam("b_digest"),
+                message=bindparam("b_message"),
+                observed_at=bindparam("b_now"),
+            )
+        )
+
+
+_SQL = _Statements()
+_DESIRED_LIST = TypeAdapter(list[DesiredInstance])
 
 
 class UnknownHostError(LookupError):
@@ -50,7 +106,7 @@ class _HostCache:
     counters: dict[tuple[int, str], float] = field(default_factory=dict)
     gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
     desired_generation: int = -1
-    desired: list[DesiredInstance] = field(default_factory=list)
+    desired_json: bytes = b"[]"
 
 
 def _digest(value: Any) -> str:
@@ -90,8 +146,12 @@ class HeartbeatService:
         with self._lock:
             self._caches.pop(host_id, None)
 
-    def handle(self, host_id: int, beat: Heartbeat, files_base_url: str) -> HeartbeatReply:
-        """Commit the host's last-seen time and observed state, then reply with desired state."""
+    def handle(self, host_id: int, beat: Heartbeat, files_base_url: str) -> bytes:
+        """Commit the host's last-seen time and observed state, then reply with desired state.
+
+        Returns the JSON of a `HeartbeatReply`; the instance list is serialised once per
+        generation and reused, since it only changes when the generation does.
+        """
         now = self._clock()
         cache = self._cache(host_id)
         try:
@@ -104,44 +164,44 @@ class HeartbeatService:
             lag = None if row.last_seen_at is None else (now - row.last_seen_at).total_seconds()
             self._on_heartbeat(lag)
         if cache.desired_generation != row.desired_generation:
-            cache.desired = self._desired_instances(host_id, files_base_url)
+            desired = self._desired_instances(host_id, files_base_url)
+            cache.desired_json = _DESIRED_LIST.dump_json(desired)
             cache.desired_generation = row.desired_generation
-        return HeartbeatReply(
-            generation=row.desired_generation,
-            host_id=host_id,
-            host_state=HostState.READY,
-            draining=row.draining,
-            heartbeat_interval_s=row.heartbeat_interval_s,
-            server_time=now,
-            instances=cache.desired,
+        head = json.dumps(
+            {
+                "generation": row.desired_generation,
+                "host_id": host_id,
+                "host_state": HostState.READY.value,
+                "draining": bool(row.draining),
+                "heartbeat_interval_s": row.heartbeat_interval_s,
+                "server_time": now.isoformat().replace("+00:00", "Z"),
+            },
+            separators=(",", ":"),
         )
+        return head[:-1].encode() + b',"instances":' + cache.desired_json + b"}"
 
     def _record(self, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime) -> Any:
         """One transaction: host row, GPUs, observed instances, metric samples."""
+        sql = _SQL
         with self._engine.begin() as conn:
-            row = conn.execute(
-                select(
-                    col(Host.name),
-                    col(Host.state),
-                    col(Host.draining),
-                    col(Host.desired_generation),
-                    col(Host.heartbeat_interval_s),
-                    col(Host.last_seen_at),
-                ).where(col(Host.id) == host_id)
-            ).first()
+            row = conn.execute(sql.select_host, {"hid": host_id}).first()
             if row is None:
                 raise UnknownHostError("this host was removed from the fleet: register again")
-            values: dict[str, Any] = {
-                "last_seen_at": now,
-                "applied_generation": beat.applied_generation,
-                "gpu_samples": [g.model_dump(mode="json") for g in beat.gpus],
-            }
+            conn.execute(
+                sql.touch_host,
+                {
+                    "hid": host_id,
+                    "now": now,
+                    "gen": beat.applied_generation,
+                    "gpus": [g.model_dump(mode="json") for g in beat.gpus],
+                },
+            )
             facts = beat.facts.model_dump(mode="json")
             facts_hash = _digest(facts)
             if facts_hash != cache.facts_hash:
-                values["facts"] = facts
+                conn.execute(sql.set_facts, {"hid": host_id, "facts": facts})
             if row.state != HostState.READY:
-                values["state"] = HostState.READY.value
+                conn.execute(sql.mark_ready, {"hid": host_id})
                 conn.execute(
                     insert(Event).values(
                         time=now,
@@ -152,7 +212,6 @@ class HeartbeatService:
                         data={"previous": row.state},
                     )
                 )
-            conn.execute(update(Host).where(col(Host.id) == host_id).values(**values))
             self._record_gpus(conn, host_id, beat, cache)
             self._record_instances(conn, host_id, beat, cache, now)
             self._record_samples(conn, host_id, beat, cache, now)
@@ -215,21 +274,9 @@ class HeartbeatService:
             )
         if not rows:
             return
-        # The host_id condition is what keeps one agent from writing another host's instances.
-        stmt = (
-            update(Instance)
-            .where(col(Instance.id) == bindparam("b_id"), col(Instance.host_id) == host_id)
-            .values(
-                observed_state=bindparam("b_state"),
-                pid=bindparam("b_pid"),
-                restart_count=bindparam("b_restarts"),
-                last_exit=bindparam("b_exit"),
-                observed_digest=bindparam("b_digest"),
-                message=bindparam("b_message"),
-                observed_at=now,
-            )
-        )
-        conn.execute(stmt, rows)
+        for r in rows:
+            r["b_host"], r["b_now"] = host_id, now
+        conn.execute(_SQL.observe_instance, rows)
 
     def _record_samples(
         self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from sqlalchemy import update
 from sqlmodel import col, select
 
@@ -66,6 +66,7 @@ def register_agent(
     )
     session.commit()
     ctx.heartbeats.forget(host.id)
+    ctx.token_cache.drop_host(host.id)
     return RegisterResponse(
         host_id=host.id,
         host_name=host.name,
@@ -75,11 +76,12 @@ def register_agent(
 
 
 @router.post("/heartbeat", response_model=HeartbeatReply)
-def heartbeat(body: Heartbeat, request: Request, ctx: ContextDep, who: Agent) -> HeartbeatReply:
+def heartbeat(body: Heartbeat, request: Request, ctx: ContextDep, who: Agent) -> Response:
     """Commit last-seen time and observed state, then reply with the desired state."""
     if who.host_id is None:
         raise ApiError(403, "forbidden", "this agent token is not bound to a host: register again")
     try:
-        return ctx.heartbeats.handle(who.host_id, body, str(request.base_url))
+        reply = ctx.heartbeats.handle(who.host_id, body, str(request.base_url))
+        return Response(reply, media_type="application/json")
     except UnknownHostError as exc:
         raise ApiError(404, "host_removed", str(exc)) from exc

@@ -10,9 +10,17 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.errors import ApiError
-from controlplane.auth import AuthError, Principal, Role, authenticate, consume_use
+from controlplane.auth import (
+    AgentTokenCache,
+    AuthError,
+    Principal,
+    Role,
+    authenticate,
+    consume_use,
+)
 from controlplane.auth import parse_authorization as parse_header
 from controlplane.db import session_scope
 from controlplane.heartbeats import HeartbeatService
@@ -31,10 +39,11 @@ class AppContext:
     heartbeats: HeartbeatService
     health: HostHealthMonitor
     metrics: ControlPlaneMetrics
+    token_cache: AgentTokenCache
 
 
-def get_context(request: Request) -> AppContext:
-    """The app's context."""
+async def get_context(request: Request) -> AppContext:
+    """The app's context (async: no I/O, so no trip through the thread pool)."""
     ctx: AppContext = request.app.state.ctx
     return ctx
 
@@ -51,21 +60,34 @@ def get_session(ctx: ContextDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
+def _authenticate(ctx: AppContext, secret: str, now: datetime) -> Principal:
+    with session_scope(ctx.engine) as session:
+        principal = authenticate(session, secret, now)
+        # Bootstrap tokens spend a use only when a registration commits.
+        if principal.limited_uses and principal.role != Role.BOOTSTRAP:
+            consume_use(session, principal.token_id)
+    return principal
+
+
 class RoleGate:
     """Dependency that authenticates the bearer token and checks its role against `roles`."""
 
     def __init__(self, *roles: Role) -> None:
         self.roles = frozenset(roles)
 
-    def __call__(self, request: Request, ctx: ContextDep) -> Principal:
-        """The caller, or 401 (no / bad token) or 403 (role not allowed here)."""
+    async def __call__(self, request: Request, ctx: ContextDep) -> Principal:
+        """The caller, or 401 (no / bad token) or 403 (role not allowed here).
+
+        Async so that a cached agent token costs no thread-pool hop on the heartbeat path;
+        the database lookup runs in the thread pool.
+        """
         try:
             secret = parse_header(request.headers.get("authorization"))
-            with session_scope(ctx.engine) as session:
-                principal = authenticate(session, secret, ctx.clock())
-                # Bootstrap tokens spend a use only when a registration commits.
-                if principal.limited_uses and principal.role != Role.BOOTSTRAP:
-                    consume_use(session, principal.token_id)
+            now = ctx.clock()
+            principal = ctx.token_cache.get(secret, now)
+            if principal is None:
+                principal = await run_in_threadpool(_authenticate, ctx, secret, now)
+                ctx.token_cache.put(secret, principal, now)
         except AuthError as exc:
             raise ApiError(401, "unauthorized", str(exc)) from exc
         if not any(principal.may(role) for role in self.roles):

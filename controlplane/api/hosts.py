@@ -90,4 +90,5 @@ def remove_host(name: str, session: SessionDep, ctx: ContextDep, who: Admin) -> 
     )
     session.commit()
     ctx.heartbeats.forget(host_id)
+    ctx.token_cache.drop_host(host_id)
     return Response(status_code=204)

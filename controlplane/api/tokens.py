@@ -105,4 +105,5 @@ def revoke_token(
             f"token {row.name} ({row.role}) revoked",
         )
         session.commit()
+        ctx.token_cache.drop_key(row.key_id)
     return token_out(row, _host_names(session).get(row.host_id or -1))

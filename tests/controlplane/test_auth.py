@@ -106,3 +106,18 @@ def test_first_admin_token_is_created_only_once(api: Api) -> None:
 def test_admins_cannot_mint_agent_tokens(api: Api) -> None:
     response = api.as_admin("POST", "/api/v1/tokens", json={"name": "a", "role": "agent"})
     assert response.status_code == 422 and response.json()["message"].startswith("role:")
+
+
+def test_cached_agent_tokens_still_honour_revocation(api: Api) -> None:
+    agent = api.register("gpu-1")["agent_token"]
+    assert api.heartbeat(agent).status_code == 200  # now cached
+    key_id = agent.split("_")[1]
+    assert api.as_admin("DELETE", f"/api/v1/tokens/{key_id}").status_code == 200
+    assert api.heartbeat(agent).status_code == 401  # this replica forgets at once
+    other = api.register("gpu-2")["agent_token"]
+    assert api.heartbeat(other).status_code == 200
+    # Revoked behind this replica's back (as another replica would): refused within 5 s.
+    with api.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE apitoken SET revoked_at = created_at WHERE role = 'agent'"))
+    api.clock.advance(5)
+    assert api.heartbeat(other).status_code == 401
