@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
@@ -94,6 +95,8 @@ def server(
     from controlplane.bootstrap import ensure_admin_token
     from controlplane.db import make_engine
 
+    # Bind before the first admin token is minted, so a busy port fails cleanly and early.
+    listener = _listen(settings.host, settings.port)
     engine = make_engine(url)
     try:
         secret = ensure_admin_token(engine)
@@ -104,15 +107,35 @@ def server(
     if secret is not None:
         _announce_admin_token(secret, _local_url(settings.host, settings.port))
 
-    app = create_app(settings)
-    uvicorn.run(
-        app,
+    config = uvicorn.Config(
+        create_app(settings),
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep dctl's structured logging (and its secret redaction)
         access_log=settings.log_level == "debug",
         server_header=False,
     )
+    runner = uvicorn.Server(config)
+    runner.run(sockets=[listener])
+    if not runner.started:
+        fail("the control plane did not start; the log above says why")
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT for uvicorn to serve on; a clear error when it cannot be."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as exc:
+        fail(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port "
+            "or stop what uses it"
+        )
+    return listener
 
 
 def _announce_admin_token(secret: str, url: str) -> None:

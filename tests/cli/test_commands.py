@@ -136,6 +136,26 @@ def test_the_server_refuses_a_database_that_is_behind(tmp_path: Path) -> None:
     assert not (tmp_path / "config" / "dctl" / "credentials").exists()
 
 
+def test_a_busy_port_fails_before_any_token_is_minted(tmp_path: Path) -> None:
+    import socket
+
+    from tests.cli.conftest import isolated_env
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        db = f"sqlite:///{tmp_path / 'x.db'}"
+        result = run_dctl(
+            "server", "--migrate", "--db", db, "--port", port, env=isolated_env(tmp_path)
+        )
+    assert result.returncode == 1
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: cannot listen on 127.0.0.1:{port}")
+    assert "dctl_" not in result.stdout
+    assert not (tmp_path / "config" / "dctl" / "credentials").exists()
+
+
 def test_db_upgrade_downgrade_current(tmp_path: Path, dctl: Dctl) -> None:
     db = f"sqlite:///{tmp_path / 'x.db'}"
     assert "empty" in ok(dctl("db", "current", "--db", db)).stdout
