@@ -401,3 +401,36 @@ def test_exit_codes_in_a_real_process(tmp_path: Path, server: Server) -> None:
     good = {**env, "DCTL_URL": server.url, "DCTL_TOKEN": server.admin_token}
     assert run_dctl("status", env=good).returncode == 0
     assert run_dctl("deploy", "scale", "x", "-1", env=good).returncode == 2
+
+
+@pytest.mark.postgres
+def test_db_commands_on_postgresql(dctl: Dctl) -> None:
+    import os
+    import socket
+    import uuid
+
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
+    except OSError:
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but no PostgreSQL listens on 127.0.0.1:5432")
+        pytest.skip("no PostgreSQL on 127.0.0.1:5432")
+    import psycopg
+
+    from controlplane.migrate import head
+
+    name = f"dctl_cli_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres", autocommit=True) as pg:
+        pg.execute(f'CREATE DATABASE "{name}"')
+        try:
+            url = f"postgresql://postgres@127.0.0.1:5432/{name}"
+            assert "empty" in ok(dctl("db", "current", "--db", url)).stdout
+            assert ok(dctl("db", "upgrade", "--db", url)).stdout.strip() == f"database at {head()}"
+            assert "up to date" in ok(dctl("db", "current", "--db", url)).stdout
+            assert "base" in ok(dctl("db", "downgrade", "base", "--db", url)).stdout
+        finally:
+            pg.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    wrong = dctl("db", "current", "--db", "postgresql://nobody:secret@127.0.0.1:1/x")
+    assert wrong.code == 1
+    line = one_error_line(wrong.stderr)
+    assert "secret" not in line and "127.0.0.1" in line
