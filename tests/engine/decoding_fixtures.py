@@ -75,13 +75,14 @@ class Result:
 def run_core(
     core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]
 ) -> dict[str, Result]:
-    """Submit all requests, step until done, and collect their outputs."""
+    """Submit the requests, step until nothing is left, and collect every request's output
+    (also of requests added to `core` before the call)."""
     results = {rid: Result() for rid in requests}
     for rid, (prompt, params) in requests.items():
         core.add_request(rid, prompt, params)
     while core.has_unfinished():
         for update in core.step():
-            res = results[update.request_id]
+            res = results.setdefault(update.request_id, Result())
             res.token_ids += update.new_token_ids
             res.text += update.text_delta
             res.updates += 1

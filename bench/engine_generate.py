@@ -1,0 +1,170 @@
+"""End-to-end generation speed: our block-diffusion engine vs transformers' greedy `generate`.
+
+Same weights (the engine issues' benchmark config, random, saved once with `save_pretrained`),
+same 64-token prompts, 128 new tokens, one run, CPU, 2 threads, bf16 (the serving dtype) and
+fp32 for the record:
+- transformers: autoregressive greedy `generate`, batch 1 (EOS disabled so all 128 tokens run);
+- ours, steps mode: block size 32, `steps=8` (4 tokens per step), batch 1 and batch 16;
+- ours, threshold mode (0.9, the default): batch 1. With random weights confidences are low,
+  so it unmasks about one token per step here; real checkpoints do much better. The threshold
+  is not tuned to this benchmark.
+Reports tokens/s, tokens per forward (generated tokens / forwards the request took part in:
+prefill, denoising steps, commits) and the ratios. Goals (bf16): ours >= 3x transformers at
+batch 1; at batch 16 >= 8x transformers in aggregate and >= 1.5x our own batch 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# The engine issues' benchmark config (the same as bench/engine_forward.py).
+BENCH_CONFIG: dict[str, Any] = {
+    "vocab_size": 32000,
+    "hidden_size": 512,
+    "intermediate_size": 1024,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_experts": 16,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 4096,
+}
+SMOKE_CONFIG: dict[str, Any] = {
+    **BENCH_CONFIG,
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+    "num_experts": 4,
+}
+MASK_ID = 3
+
+
+def build_checkpoint(config: dict[str, Any], path: Path) -> None:
+    """A random Qwen3-MoE checkpoint with a mask token, no EOS, and a word-level tokenizer."""
+    from tokenizers import Tokenizer, models
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**config)).save_pretrained(path)
+    cfg = json.loads((path / "config.json").read_text())
+    # No EOS: both sides must generate exactly the requested number of tokens.
+    cfg.update(mask_token_id=MASK_ID, block_size=32, eos_token_id=None, bos_token_id=None)
+    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "generation_config.json").unlink(missing_ok=True)
+    vocab = {f"w{i}": i for i in range(config["vocab_size"])}
+    Tokenizer(models.WordLevel(vocab, unk_token="w0")).save(str(path / "tokenizer.json"))
+
+
+def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
+    """n distinct random prompts (fixed seed), avoiding the mask id."""
+    gen = torch.Generator().manual_seed(1)
+    out = torch.randint(4, vocab, (n, length), generator=gen)
+    return [row.tolist() for row in out]
+
+
+def transformers_greedy(path: Path, dtype: torch.dtype, prompt: list[int], new: int) -> float:
+    """Tokens/s of transformers' greedy generate at batch 1 (after a short warm-up)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    ids = torch.tensor([prompt])
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kwargs)
+        elapsed = time.perf_counter() - start
+    assert out.shape[1] == len(prompt) + new
+    return new / elapsed
+
+
+def ours(llm: Any, batch: list[list[int]], params: Any) -> tuple[float, float, float]:
+    """(aggregate tokens/s, median tokens per forward, median forwards) of one batch."""
+    start = time.perf_counter()
+    outs = llm.generate(batch, params)
+    elapsed = time.perf_counter() - start
+    assert all(len(o.token_ids) == params.max_tokens for o in outs), "stopped early"
+    tokens = sum(len(o.token_ids) for o in outs)
+    tpf = statistics.median(o.stats.tokens_per_forward for o in outs)
+    forwards = statistics.median(o.stats.forwards for o in outs)
+    return tokens / elapsed, tpf, forwards
+
+
+def run_dtype(path: Path, name: str, dtype: torch.dtype, args: argparse.Namespace) -> None:
+    from engine import LLM, SamplingParams
+
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    batch = prompts(args.batch, args.prompt, vocab)
+    hf = transformers_greedy(path, dtype, batch[0], args.new)
+    llm = LLM(path, dtype=dtype, max_batch_size=args.batch, max_seq_len=args.prompt + args.new + 64)
+    steps = SamplingParams(max_tokens=args.new, block_size=args.block, steps=args.steps)
+    threshold = SamplingParams(max_tokens=args.new, block_size=args.block)
+    ours(llm, batch[:1], SamplingParams(max_tokens=8, block_size=args.block, steps=2))  # warm-up
+    one, one_tpf, one_fw = ours(llm, batch[:1], steps)
+    many, many_tpf, _ = ours(llm, batch, steps)
+    thr, thr_tpf, _ = ours(llm, batch[:1], threshold)
+    print(f"[{name}] transformers greedy generate, batch 1: {hf:.1f} tokens/s (1.00 per forward)")
+    print(
+        f"[{name}] ours B={args.block} steps={args.steps}, batch 1: {one:.1f} tokens/s, "
+        f"{one_tpf:.2f} tokens/forward ({one_fw:.0f} forwards) | {one / hf:.2f}x transformers"
+        + (" (goal >= 3x)" if name == "bf16" else "")
+    )
+    print(
+        f"[{name}] ours B={args.block} steps={args.steps}, batch {args.batch}: {many:.1f} "
+        f"tokens/s aggregate, {many_tpf:.2f} tokens/forward | {many / hf:.2f}x transformers"
+        + (" (goal >= 8x)" if name == "bf16" else "")
+        + f", {many / one:.2f}x our batch 1"
+        + (" (goal >= 1.5x)" if name == "bf16" else "")
+    )
+    print(
+        f"[{name}] ours B={args.block} threshold=0.9, batch 1: {thr:.1f} tokens/s, "
+        f"{thr_tpf:.2f} tokens/forward | {thr / hf:.2f}x transformers "
+        "(random weights: low confidences, about one token per step)"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, for the tests")
+    parser.add_argument("--threads", type=int, default=None, help="default 2 (smoke: 1)")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    args = parser.parse_args(argv)
+    if args.threads is None:
+        # The smoke run only proves the script works; one thread keeps it quick on a busy box.
+        args.threads = 1 if args.smoke else 2
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    config = SMOKE_CONFIG if args.smoke else BENCH_CONFIG
+    args.prompt, args.new, args.block, args.steps, args.batch = (
+        (16, 16, 8, 2, 4) if args.smoke else (64, 128, 32, 8, 16)
+    )
+    print(
+        f"engine generate vs transformers: {'smoke' if args.smoke else 'benchmark'} config, "
+        f"{args.prompt}-token prompts, {args.new} new tokens, {args.threads} threads, one run"
+    )
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    with tempfile.TemporaryDirectory() as tmp:
+        build_checkpoint(config, Path(tmp))
+        for name in args.dtypes.split(","):
+            run_dtype(Path(tmp), name, dtypes[name], args)
+
+
+if __name__ == "__main__":
+    main()
