@@ -9,7 +9,7 @@ from typing import Any
 import typer
 
 from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import JSON_OPTION, Column, emit, print_json, print_table
+from controlplane.cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
 from controlplane.cli.remote import connect, split_name_version, validated
 
 deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", no_args_is_help=True)
@@ -116,7 +116,7 @@ def deploy_create(
         )
     )
     with connect() as api:
-        created = api.create_deployment(spec).model_dump(mode="json")
+        created = plain(api.create_deployment(spec))
     if as_json:
         print_json(created)
         return
@@ -130,7 +130,7 @@ def deploy_create(
 def deploy_list(as_json: bool = JSON_OPTION) -> None:
     """List deployments."""
     with connect() as api:
-        rows = [d.model_dump(mode="json") for d in api.list_deployments()]
+        rows = [plain(d) for d in api.list_deployments()]
     emit(rows, as_json=as_json, columns=DEPLOYMENT_COLUMNS, empty="no deployments")
 
 
@@ -138,7 +138,7 @@ def deploy_list(as_json: bool = JSON_OPTION) -> None:
 def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
     """Show deployment NAME with its instances."""
     with connect() as api:
-        found = api.get_deployment(name).model_dump(mode="json")
+        found = plain(api.get_deployment(name))
     if as_json:
         print_json(found)
         return
@@ -163,7 +163,7 @@ def deploy_scale(
 
     change = validated(lambda: DeploymentUpdate(instances_per_host=instances_per_host))
     with connect() as api:
-        updated = api.update_deployment(name, change).model_dump(mode="json")
+        updated = plain(api.update_deployment(name, change))
     if as_json:
         print_json(updated)
         return
@@ -182,7 +182,7 @@ def deploy_configure(
     config = read_engine_config(engine_config)
     change = validated(lambda: DeploymentUpdate(engine_config=config))
     with connect() as api:
-        updated = api.update_deployment(name, change).model_dump(mode="json")
+        updated = plain(api.update_deployment(name, change))
     if as_json:
         print_json(updated)
         return

@@ -8,16 +8,22 @@ import sys
 import time
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import JSON_OPTION, Column, cell, emit, print_json, print_table
+from controlplane.cli.output import (
+    JSON_OPTION,
+    Column,
+    cell,
+    emit,
+    human_bytes,
+    plain,
+    print_json,
+    print_table,
+)
 from controlplane.cli.remote import connect, validated
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
 
 host_app = typer.Typer(help="Hosts: list, show, drain, undrain, remove.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
@@ -50,8 +56,8 @@ HOST_COLUMNS: list[Column] = [
 GPU_COLUMNS: list[Column] = [
     ("index", "index"),
     ("name", "name"),
-    ("mem used", lambda g: _gib(g.get("memory_used_bytes"))),
-    ("mem total", lambda g: _gib(g.get("memory_total_bytes"))),
+    ("mem used", lambda g: human_bytes(g.get("memory_used_bytes"))),
+    ("mem total", lambda g: human_bytes(g.get("memory_total_bytes"))),
     ("util %", "utilization_percent"),
     ("temp C", "temperature_c"),
     ("power W", "power_w"),
@@ -84,15 +90,6 @@ TOKEN_COLUMNS: list[Column] = [
     ("last used", "last_used_at"),
     ("revoked", "revoked_at"),
 ]
-
-
-def _gib(value: Any) -> str | None:
-    return f"{value / 2**30:.1f} GiB" if isinstance(value, int | float) else None
-
-
-def plain(model: BaseModel) -> dict[str, Any]:
-    """An API object as JSON-ready data (what `--json` prints and tables read)."""
-    return model.model_dump(mode="json")
 
 
 # status and events -------------------------------------------------------------------------

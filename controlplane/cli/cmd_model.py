@@ -5,12 +5,20 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from controlplane.cli.exits import fail
-from controlplane.cli.output import JSON_OPTION, Column, emit, print_json, print_table
+from controlplane.cli.output import (
+    JSON_OPTION,
+    Column,
+    emit,
+    human_bytes,
+    plain,
+    print_json,
+    print_table,
+)
 from controlplane.cli.remote import connect, split_name_version
 
 if TYPE_CHECKING:
@@ -47,21 +55,11 @@ FILE_COLUMNS: list[Column] = [
 ]
 
 
-def human_bytes(value: Any) -> str:
-    """1536 -> `1.5 KiB`."""
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
-
-
 @model_app.command("list")
 def model_list(as_json: bool = JSON_OPTION) -> None:
     """List models and their versions."""
     with connect() as api:
-        models = [m.model_dump(mode="json") for m in api.list_models()]
+        models = [plain(m) for m in api.list_models()]
     if as_json:
         print_json(models)
         return
@@ -111,7 +109,7 @@ def model_register(
             notes=notes,
         )
     if as_json:
-        print_json(registered.model_dump(mode="json"))
+        print_json(plain(registered))
         return
     print(
         f"registered {registered.model}:{registered.version} ({registered.line}): digest "
@@ -175,7 +173,7 @@ def model_show(
     """Show a model with its versions, or one version with its manifest and memory plan."""
     if ":" not in ref:
         with connect() as api:
-            model = api.get_model(ref).model_dump(mode="json")
+            model = plain(api.get_model(ref))
         if as_json:
             print_json(model)
         else:
@@ -183,7 +181,7 @@ def model_show(
         return
     name, version = split_name_version(ref)
     with connect() as api:
-        found = api.get_version(name, version).model_dump(mode="json")
+        found = plain(api.get_version(name, version))
     if as_json:
         print_json(found)
         return

@@ -6,14 +6,34 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 JSON_OPTION = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
 
 # A column: the header and either a key of the row or a function of the row.
 Column = tuple[str, str | Callable[[Mapping[str, Any]], Any]]
+
+
+def plain(model: BaseModel) -> dict[str, Any]:
+    """An API object as JSON-ready data (what `--json` prints and tables read)."""
+    return model.model_dump(mode="json")
+
+
+def human_bytes(value: Any) -> str | None:
+    """1536 -> `1.5 KiB`; None for a value that is not a number."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
 
 
 def print_json(data: Any) -> None:
