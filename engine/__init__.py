@@ -28,14 +28,19 @@ _LAZY: dict[str, str] = {
     "RequestUpdate": "engine.core",
     "RequestStats": "engine.core",
     "StepStats": "engine.core",
+    "create_demo_checkpoint": "engine.demo_checkpoint",
+    "ServeConfig": "engine.serve_config",
+    "load_serve_config": "engine.serve_config",
 }
 
 if TYPE_CHECKING:
     from engine.core import EngineCore, RequestStats, RequestUpdate, StepStats
+    from engine.demo_checkpoint import create_demo_checkpoint
     from engine.kv_cache import KVCache
     from engine.llm import LLM, RequestOutput
     from engine.loader import load_checkpoint_config, load_model, load_tokenizer
     from engine.model import Model
+    from engine.serve_config import ServeConfig, load_serve_config
     from engine.tokenizer import Tokenizer
 
 
@@ -61,10 +66,13 @@ __all__ = [
     "RequestStats",
     "RequestUpdate",
     "SamplingParams",
+    "ServeConfig",
     "StepStats",
     "Tokenizer",
+    "create_demo_checkpoint",
     "load_checkpoint_config",
     "load_model",
+    "load_serve_config",
     "load_tokenizer",
     "plan_memory",
 ]
