@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
@@ -22,6 +23,7 @@ from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthMonitor
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.settings import ControlPlaneSettings
+from controlplane.wire import Heartbeat
 
 log = logging.getLogger("controlplane.app")
 
@@ -97,7 +99,26 @@ def create_app(
     )
     app.state.ctx = ctx
     install_error_handlers(app)
-    for module in (hosts, models, deployments, events, tokens, agents, health):
+    # Agents first: the heartbeat route is matched most often.
+    for module in (agents, hosts, models, deployments, events, tokens, health):
         app.include_router(module.router)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    _document_wire_bodies(app)
     return app
+
+
+def _document_wire_bodies(app: FastAPI) -> None:
+    """Add the wire `Heartbeat` schema, which the heartbeat route parses itself, to OpenAPI."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            wire = Heartbeat.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, sub in wire.pop("$defs", {}).items():
+                components.setdefault(name, sub)
+            components.setdefault("Heartbeat", wire)
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]

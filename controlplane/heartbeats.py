@@ -7,7 +7,6 @@ of metric samples. Desired state is rebuilt only when the host's generation move
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from controlplane.models import (
 from controlplane.models import ModelVersion as VersionRow
 from controlplane.wire import (
     DesiredInstance,
+    GpuStatus,
     Heartbeat,
     HostState,
     Manifest,
@@ -47,7 +47,10 @@ GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "powe
 class _Statements:
     """The hot path's SQL, built once: plain text with typed parameters, cheap to execute."""
 
-    def __init__(self) -> None:
+    def __init__(self, dialect: str) -> None:
+        # JSON documents arrive already serialised (by pydantic, in Rust); PostgreSQL needs
+        # the text cast to json, SQLite stores the text as is.
+        as_json = "CAST({} AS JSON)" if dialect == "postgresql" else "{}"
         self.select_host = sa.text(
             "SELECT name, state, draining, desired_generation, heartbeat_interval_s, "
             "last_seen_at FROM host WHERE id = :hid"
@@ -61,12 +64,10 @@ class _Statements:
         )
         self.touch_host = sa.text(
             "UPDATE host SET last_seen_at = :now, applied_generation = :gen, "
-            "gpu_samples = :gpus WHERE id = :hid"
-        ).bindparams(
-            sa.bindparam("now", type_=UTCDateTime()), sa.bindparam("gpus", type_=sa.JSON())
-        )
-        self.set_facts = sa.text("UPDATE host SET facts = :facts WHERE id = :hid").bindparams(
-            sa.bindparam("facts", type_=sa.JSON())
+            f"gpu_samples = {as_json.format(':gpus')} WHERE id = :hid"
+        ).bindparams(sa.bindparam("now", type_=UTCDateTime()))
+        self.set_facts = sa.text(
+            f"UPDATE host SET facts = {as_json.format(':facts')} WHERE id = :hid"
         )
         self.mark_ready = sa.text("UPDATE host SET state = 'ready' WHERE id = :hid")
         # The host_id condition is what keeps one agent from writing another host's instances.
@@ -87,8 +88,8 @@ class _Statements:
         )
 
 
-_SQL = _Statements()
 _DESIRED_LIST = TypeAdapter(list[DesiredInstance])
+_GPU_LIST = TypeAdapter(list[GpuStatus])
 
 
 class UnknownHostError(LookupError):
@@ -99,18 +100,15 @@ class UnknownHostError(LookupError):
 class _HostCache:
     """What this process remembers about a host to skip writes that would change nothing."""
 
-    facts_hash: str = ""
-    gpu_fingerprint: str = ""
+    facts_json: str = ""
+    gpu_fingerprint: int = 0
+    last_gpus: list[GpuStatus] = field(default_factory=list)
     observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     bucket: int = -1
     counters: dict[tuple[int, str], float] = field(default_factory=dict)
     gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
     desired_generation: int = -1
     desired_json: bytes = b"[]"
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def local_source_dir(source_uri: str) -> str | None:
@@ -135,6 +133,7 @@ class HeartbeatService:
         self._clock = clock
         self._on_heartbeat = on_heartbeat
         self._caches: dict[int, _HostCache] = {}
+        self._sql = _Statements(engine.dialect.name)
         self._lock = threading.Lock()
 
     def _cache(self, host_id: int) -> _HostCache:
@@ -182,7 +181,7 @@ class HeartbeatService:
 
     def _record(self, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime) -> Any:
         """One transaction: host row, GPUs, observed instances, metric samples."""
-        sql = _SQL
+        sql = self._sql
         with self._engine.begin() as conn:
             row = conn.execute(sql.select_host, {"hid": host_id}).first()
             if row is None:
@@ -193,12 +192,11 @@ class HeartbeatService:
                     "hid": host_id,
                     "now": now,
                     "gen": beat.applied_generation,
-                    "gpus": [g.model_dump(mode="json") for g in beat.gpus],
+                    "gpus": _GPU_LIST.dump_json(beat.gpus).decode(),
                 },
             )
-            facts = beat.facts.model_dump(mode="json")
-            facts_hash = _digest(facts)
-            if facts_hash != cache.facts_hash:
+            facts = beat.facts.model_dump_json()
+            if facts != cache.facts_json:
                 conn.execute(sql.set_facts, {"hid": host_id, "facts": facts})
             if row.state != HostState.READY:
                 conn.execute(sql.mark_ready, {"hid": host_id})
@@ -215,7 +213,7 @@ class HeartbeatService:
             self._record_gpus(conn, host_id, beat, cache)
             self._record_instances(conn, host_id, beat, cache, now)
             self._record_samples(conn, host_id, beat, cache, now)
-        cache.facts_hash = facts_hash
+        cache.facts_json = facts
         return row
 
     def _record_gpus(
@@ -224,7 +222,8 @@ class HeartbeatService:
         identity = [
             (g.index, g.uuid, g.name, g.memory_total_bytes, g.compute_capability) for g in beat.gpus
         ]
-        fingerprint = _digest(identity)
+        # Per-process cache, so Python's (per-process salted) hash is a fine fingerprint.
+        fingerprint = hash(tuple(identity)) or 1
         if fingerprint == cache.gpu_fingerprint:
             return
         conn.execute(delete(Gpu).where(col(Gpu.host_id) == host_id))
@@ -276,7 +275,7 @@ class HeartbeatService:
             return
         for r in rows:
             r["b_host"], r["b_now"] = host_id, now
-        conn.execute(_SQL.observe_instance, rows)
+        conn.execute(self._sql.observe_instance, rows)
 
     def _record_samples(
         self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
@@ -292,11 +291,7 @@ class HeartbeatService:
         if bucket != cache.bucket:
             self._flush_bucket(conn, host_id, cache, now)
             cache.bucket = bucket
-        for gpu in beat.gpus:
-            for series in GPU_SERIES:
-                value = getattr(gpu, series)
-                if value is not None:
-                    cache.gauges[(None, f"gpu{gpu.index}.{series}")] = float(value)
+        cache.last_gpus = beat.gpus
         for metrics in beat.metrics:
             for name, delta in metrics.counters.items():
                 key = (metrics.instance_id, name[:128])
@@ -308,6 +303,11 @@ class HeartbeatService:
         self, conn: Connection, host_id: int, cache: _HostCache, now: datetime
     ) -> None:
         bucket_time = datetime.fromtimestamp(cache.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
+        for gpu in cache.last_gpus:
+            for series in GPU_SERIES:
+                value = getattr(gpu, series)
+                if value is not None:
+                    cache.gauges[(None, f"gpu{gpu.index}.{series}")] = float(value)
         own = set(
             conn.execute(select(col(Instance.id)).where(col(Instance.host_id) == host_id)).scalars()
         )
