@@ -51,21 +51,23 @@ class _Statements:
         # JSON documents arrive already serialised (by pydantic, in Rust); PostgreSQL needs
         # the text cast to json, SQLite stores the text as is.
         as_json = "CAST({} AS JSON)" if dialect == "postgresql" else "{}"
-        self.select_host = sa.text(
-            "SELECT name, state, draining, desired_generation, heartbeat_interval_s, "
-            "last_seen_at FROM host WHERE id = :hid"
-        ).columns(
-            sa.column("name", sa.String),
-            sa.column("state", sa.String),
-            sa.column("draining", sa.Boolean),
-            sa.column("desired_generation", sa.Integer),
-            sa.column("heartbeat_interval_s", sa.Float),
-            sa.column("last_seen_at", UTCDateTime()),
+        # One statement records the heartbeat and reads what the reply needs. RETURNING gives
+        # the state as it was (this statement does not change it).
+        self.touch_host = (
+            sa.text(
+                "UPDATE host SET last_seen_at = :now, applied_generation = :gen, "
+                f"gpu_samples = {as_json.format(':gpus')} WHERE id = :hid "
+                "RETURNING name, state, draining, desired_generation, heartbeat_interval_s"
+            )
+            .bindparams(sa.bindparam("now", type_=UTCDateTime()))
+            .columns(
+                sa.column("name", sa.String),
+                sa.column("state", sa.String),
+                sa.column("draining", sa.Boolean),
+                sa.column("desired_generation", sa.Integer),
+                sa.column("heartbeat_interval_s", sa.Float),
+            )
         )
-        self.touch_host = sa.text(
-            "UPDATE host SET last_seen_at = :now, applied_generation = :gen, "
-            f"gpu_samples = {as_json.format(':gpus')} WHERE id = :hid"
-        ).bindparams(sa.bindparam("now", type_=UTCDateTime()))
         self.set_facts = sa.text(
             f"UPDATE host SET facts = {as_json.format(':facts')} WHERE id = :hid"
         )
@@ -101,6 +103,7 @@ class _HostCache:
     """What this process remembers about a host to skip writes that would change nothing."""
 
     facts_json: str = ""
+    last_seen: datetime | None = None
     gpu_fingerprint: int = 0
     last_gpus: list[GpuStatus] = field(default_factory=list)
     observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
@@ -160,8 +163,9 @@ class HeartbeatService:
             self.forget(host_id)
             raise
         if self._on_heartbeat is not None:
-            lag = None if row.last_seen_at is None else (now - row.last_seen_at).total_seconds()
-            self._on_heartbeat(lag)
+            previous = cache.last_seen
+            self._on_heartbeat(None if previous is None else (now - previous).total_seconds())
+        cache.last_seen = now
         if cache.desired_generation != row.desired_generation:
             desired = self._desired_instances(host_id, files_base_url)
             cache.desired_json = _DESIRED_LIST.dump_json(desired)
@@ -183,10 +187,7 @@ class HeartbeatService:
         """One transaction: host row, GPUs, observed instances, metric samples."""
         sql = self._sql
         with self._engine.begin() as conn:
-            row = conn.execute(sql.select_host, {"hid": host_id}).first()
-            if row is None:
-                raise UnknownHostError("this host was removed from the fleet: register again")
-            conn.execute(
+            row = conn.execute(
                 sql.touch_host,
                 {
                     "hid": host_id,
@@ -194,7 +195,9 @@ class HeartbeatService:
                     "gen": beat.applied_generation,
                     "gpus": _GPU_LIST.dump_json(beat.gpus).decode(),
                 },
-            )
+            ).first()
+            if row is None:
+                raise UnknownHostError("this host was removed from the fleet: register again")
             facts = beat.facts.model_dump_json()
             if facts != cache.facts_json:
                 conn.execute(sql.set_facts, {"hid": host_id, "facts": facts})

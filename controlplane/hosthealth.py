@@ -66,7 +66,12 @@ class HostHealthMonitor:
                     continue
                 result = session.execute(
                     update(Host)
-                    .where(col(Host.id) == host.id, col(Host.state) == previous)
+                    # A heartbeat that landed since the read wins: last_seen_at moved.
+                    .where(
+                        col(Host.id) == host.id,
+                        col(Host.state) == previous,
+                        col(Host.last_seen_at).is_(None) | (col(Host.last_seen_at) <= seen),
+                    )
                     .values(state=state.value)
                     .execution_options(synchronize_session=False)
                 )
