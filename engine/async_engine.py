@@ -212,11 +212,13 @@ class AsyncEngine:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            # Clear before reading commands: a submit that lands after this point sets the
+            # event again, so the wait below can never sleep through it.
+            self._wake.clear()
             self._apply_commands()
             if not self._core.has_unfinished():
                 self._publish_gauges()
                 self._wake.wait(0.5)
-                self._wake.clear()
                 continue
             try:
                 updates = self._core.step()
