@@ -296,8 +296,13 @@ def load_model(
     *,
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> Model:
-    """Builds the model of a checkpoint directory and loads its weights, checked first."""
+    """Builds the model of a checkpoint directory and loads its weights, checked first.
+
+    compute_dtype: activation dtype; by default the weights' dtype, or fp32 for bf16/fp16
+    weights on a CPU without native half-precision matmuls.
+    """
     root = _checkpoint_dir(path)
     cfg = load_checkpoint_config(root)
     headers = _checkpoint_headers(root)
@@ -305,7 +310,9 @@ def load_model(
     stored = headers["model.embed_tokens.weight"].dtype
     target_dtype = resolve_dtype(dtype, _SAFETENSORS_DTYPES.get(stored, cfg.torch_dtype))
     # Built on the meta device so no time goes into random init of weights about to be loaded.
-    model = Model(cfg, dtype=target_dtype, device="meta").materialize(device)
+    model = Model(cfg, dtype=target_dtype, device="meta", compute_dtype=compute_dtype).materialize(
+        device
+    )
     params = dict(model.named_parameters())
     covered: dict[str, int] = defaultdict(int)
     for target in chosen.values():

@@ -29,6 +29,44 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
+def project(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x @ weight.T + bias in x's dtype; weights stored narrower than the compute dtype are
+    widened here, one matrix at a time, so the widened copy stays in cache."""
+    if weight.dtype != x.dtype:
+        weight = weight.to(x.dtype)
+        bias = None if bias is None else bias.to(x.dtype)
+    return F.linear(x, weight, bias)
+
+
+def vocab_logits(x: Tensor, weight: Tensor) -> Tensor:
+    """The LM head; a narrower-stored head is widened in slices of ~1 MiB, never all at once."""
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight)
+    rows = max(1, (1 << 18) // weight.shape[1])
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    for start in range(0, weight.shape[0], rows):
+        out[:, start : start + rows] = F.linear(x, weight[start : start + rows].to(x.dtype))
+    return out
+
+
+def default_compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype activations use: the weights' own, except bf16/fp16 on a CPU without native
+    support for them (no AVX512-BF16 / AMX), where widening each weight to fp32 is several
+    times faster than emulated half-precision matmuls."""
+    if device.type != "cpu" or dtype == torch.float32:
+        return dtype
+    cpu = torch.cpu
+    if dtype == torch.bfloat16:
+        native = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    elif dtype == torch.float16:
+        native = ("_is_amx_fp16_supported",)
+    else:
+        return dtype
+    if any(getattr(cpu, name, lambda: False)() for name in native):
+        return dtype
+    return torch.float32
+
+
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Applies rotary embedding in the half-split layout HF uses (not interleaved)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -57,7 +95,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: _Step, layer: int) -> Tensor:
         """Attends x (N, T, hidden) to the cached prefix and to itself under ctx's mask."""
         n, t, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q, k, v = project(x, self.wqkv.weight, self.wqkv.bias).split(self.split, dim=-1)
         q = self.q_norm(q.view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -66,6 +104,7 @@ class Attention(nn.Module):
         if ctx.cache is not None:
             if ctx.cached_len > 0:
                 ck, cv = ctx.cache.read(layer, ctx.slots, ctx.cached_len)
+                ck, cv = ck.to(k.dtype), cv.to(v.dtype)
                 keys, values = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
             # Written after the read so a call that rewrites cached positions sees the old ones.
             if ctx.write_cache:
@@ -78,7 +117,7 @@ class Attention(nn.Module):
             is_causal=ctx.mask is None and t > 1,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        return self.wo(out.transpose(1, 2).reshape(n, t, -1))
+        return project(out.transpose(1, 2).reshape(n, t, -1), self.wo.weight, self.wo.bias)
 
 
 class DenseMLP(nn.Module):
@@ -93,8 +132,8 @@ class DenseMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (S, hidden) -> (S, hidden)."""
-        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+        gate, up = project(x, self.w_gate_up.weight).chunk(2, dim=-1)
+        return project(F.silu(gate) * up, self.w_down.weight)
 
 
 class MoE(nn.Module):
@@ -116,7 +155,7 @@ class MoE(nn.Module):
         """x (S, hidden) -> (output (S, hidden), tokens routed to each expert (E,) int64)."""
         s = x.shape[0]
         # Routing probabilities in fp32, so bf16 models pick the same experts as the reference.
-        probs = F.linear(x, self.router).softmax(dim=-1, dtype=torch.float32)
+        probs = project(x, self.router).softmax(dim=-1, dtype=torch.float32)
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -131,8 +170,8 @@ class MoE(nn.Module):
             if c == 0:
                 continue
             end = start + c
-            gate, up = F.linear(grouped[start:end], self.w_gate_up[e]).chunk(2, dim=-1)
-            out[start:end] = F.linear(F.silu(gate) * up, self.w_down[e])
+            gate, up = project(grouped[start:end], self.w_gate_up[e]).chunk(2, dim=-1)
+            out[start:end] = project(F.silu(gate) * up, self.w_down[e])
             start = end
         # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
         per_choice = torch.empty_like(out)
@@ -224,10 +263,12 @@ class Model(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         self.config = config
+        self._compute_dtype = compute_dtype
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, dtype=dtype, device=dev) for i in range(config.num_layers)
@@ -275,6 +316,11 @@ class Model(nn.Module):
     def dtype(self) -> torch.dtype:
         """Dtype of the weights."""
         return self.embed.weight.dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """Dtype of activations (see `default_compute_dtype`); logits are always fp32."""
+        return self._compute_dtype or default_compute_dtype(self.dtype, self.device)
 
     @property
     def device(self) -> torch.device:
@@ -365,17 +411,17 @@ class Model(nn.Module):
 
         freqs = positions.unsqueeze(-1).float() * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        dtype = self.dtype
+        dtype = self.compute_dtype
         cos, sin = emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
         counts = self.expert_counts_total if self._track_experts else None
         ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
 
-        x = self.embed(input_ids)
+        x = self.embed(input_ids).to(dtype)
         for layer in self.layers:
             x = layer(x, ctx)
         x = x.view(n * t, -1)
         if logits_rows is not None:
             # Norm and LM head only for the rows the caller samples from.
             x = x[logits_rows]
-        logits = self.lm_head(self.norm(x)).float()
+        logits = vocab_logits(self.norm(x), self.lm_head.weight).float()
         return logits if logits_rows is not None else logits.view(n, t, -1)

@@ -20,7 +20,7 @@ import torch
 
 from engine.kv_cache import KVCache
 from engine.loader import load_model
-from engine.model import Model
+from engine.model import Model, default_compute_dtype
 from tests.engine.conftest import build_tiny_checkpoint
 
 TOL = 1e-4
@@ -270,10 +270,14 @@ def test_expert_counts_match_transformers_routing(pair: Pair) -> None:
     assert torch.equal(pair.ours.expert_token_counts() - before, counts)
 
 
-def test_bf16_matches_transformers_bf16(pair: Pair) -> None:
-    """bf16 runs on CPU and stays close to transformers in bf16 (rounding differs slightly)."""
-    ours = load_model(pair.path, dtype="bf16")
+@pytest.mark.parametrize("compute", [None, torch.bfloat16], ids=["auto-compute", "bf16-compute"])
+def test_bf16_matches_transformers_bf16(pair: Pair, compute: torch.dtype | None) -> None:
+    """bf16 weights run on CPU, with widened (auto on CPUs without native bf16) or native bf16
+    activations, and stay close to transformers in bf16 (rounding differs slightly)."""
+    ours = load_model(pair.path, dtype="bf16", compute_dtype=compute)
     assert ours.dtype == torch.bfloat16
+    if compute is not None:
+        assert ours.compute_dtype == compute
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(
@@ -285,3 +289,47 @@ def test_bf16_matches_transformers_bf16(pair: Pair) -> None:
     scale = expected.abs().max().item()
     assert (got - expected).abs().max().item() <= 0.05 * scale
     assert got.dtype == torch.float32
+
+
+def test_compute_dtype_widens_half_precision_only_on_cpus_without_support(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)
+    assert default_compute_dtype(torch.bfloat16, cpu) == torch.float32
+    assert default_compute_dtype(torch.float16, cpu) == torch.float32
+    assert default_compute_dtype(torch.float32, cpu) == torch.float32
+    assert default_compute_dtype(torch.bfloat16, gpu) == torch.bfloat16
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert default_compute_dtype(torch.bfloat16, cpu) == torch.bfloat16
+    assert default_compute_dtype(torch.float16, cpu) == torch.float32
+
+
+def test_narrow_weights_keep_a_narrow_cache_and_fp32_logits(tiny_checkpoint: Path) -> None:
+    model = load_model(tiny_checkpoint, dtype="bf16", compute_dtype=torch.float32)
+    cache = KVCache(model.config, num_slots=1, max_seq_len=8, dtype=model.dtype)
+    ids = torch.arange(8).view(1, 8)
+    full = model(ids, block_size=4)
+    model(
+        ids[:, :4],
+        block_size=4,
+        cache=cache,
+        slots=torch.tensor([0]),
+        cache_lens=torch.tensor([0]),
+        write_cache=True,
+    )
+    assert cache.keys[0].dtype == torch.bfloat16
+    assert cache.keys[0][0, :, :4].abs().sum() > 0
+    last = model(
+        ids[:, 4:],
+        torch.arange(4, 8).view(1, 4),
+        block_size=4,
+        cache=cache,
+        slots=torch.tensor([0]),
+        cache_lens=torch.tensor([4]),
+    )
+    assert full.dtype == last.dtype == torch.float32
+    # The cache rounds keys/values to bf16, so allow bf16-sized differences only.
+    assert (last - full[:, 4:]).abs().max().item() <= 0.02 * full.abs().max().item()
