@@ -56,6 +56,7 @@ def default_compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dty
     if device.type != "cpu" or dtype == torch.float32:
         return dtype
     cpu = torch.cpu
+    native: tuple[str, ...]
     if dtype == torch.bfloat16:
         native = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     elif dtype == torch.float16:
