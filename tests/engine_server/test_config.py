@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ import pytest
 import yaml
 
 from engine.serve_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
-from tests.engine_server.conftest import ROOT
+from tests.engine_server.conftest import ROOT, free_port
 
 
 def write(tmp_path: Path, data: object) -> Path:
@@ -118,3 +120,22 @@ def test_the_commands_exit_2_with_one_line(
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "model.threshold" in lines[0]
+
+
+def test_a_checkpoint_that_fails_to_load_ends_the_process_with_1(
+    tmp_path: Path, demo_checkpoint: Path
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(demo_checkpoint, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated download
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, "-m", "engine.serve", "--model", str(broken), "--port", str(port),
+         "--device", "cpu", "--log-format", "json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 1
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    failure = next(r for r in records if r["msg"] == "model load failed")
+    assert "CheckpointError" in failure["error"] and "model.safetensors" in failure["error"]
