@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
@@ -130,12 +129,12 @@ class Api:
         """Headers for a token."""
         return {"Authorization": f"Bearer {secret}"}
 
-    def call(self, method: str, path: str, token: str | None, **kwargs: Any) -> httpx.Response:
+    def call(self, method: str, path: str, token: str | None, **kwargs: Any) -> Any:
         """One request with `token` (None: no Authorization header)."""
         headers = {**(self.auth(token) if token else {}), **kwargs.pop("headers", {})}
         return self.client.request(method, path, headers=headers, **kwargs)
 
-    def as_admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def as_admin(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request with the admin token."""
         return self.call(method, path, self.admin, **kwargs)
 
@@ -155,7 +154,7 @@ class Api:
         result: dict[str, Any] = response.json()
         return result
 
-    def heartbeat(self, agent_token: str, **body: Any) -> httpx.Response:
+    def heartbeat(self, agent_token: str, **body: Any) -> Any:
         """One heartbeat."""
         return self.call("POST", "/api/v1/agents/heartbeat", agent_token, json=body)
 

@@ -6,14 +6,17 @@ from typing import Any
 
 from tests.controlplane.conftest import Api, deploy, register_version
 
-READ = {"viewer", "operator", "admin"}
-OPERATE = {"operator", "admin"}
-ADMIN = {"admin"}
-PUBLIC = {"viewer", "operator", "admin", "bootstrap", "agent", None}
+Roles = set[str | None]
+READ: Roles = {"viewer", "operator", "admin"}
+OPERATE: Roles = {"operator", "admin"}
+ADMIN: Roles = {"admin"}
+BOOTSTRAP: Roles = {"bootstrap"}
+AGENT: Roles = {"agent"}
+PUBLIC: Roles = {"viewer", "operator", "admin", "bootstrap", "agent", None}
 V = "/api/v1"
 
 # (method, route template) -> roles allowed. A new route fails the test until it is listed here.
-EXPECTED: dict[tuple[str, str], set[str | None]] = {
+EXPECTED: dict[tuple[str, str], Roles] = {
     ("GET", f"{V}/hosts"): READ,
     ("GET", f"{V}/hosts/{{name}}"): READ,
     ("POST", f"{V}/hosts/{{name}}/drain"): OPERATE,
@@ -24,7 +27,7 @@ EXPECTED: dict[tuple[str, str], set[str | None]] = {
     ("POST", f"{V}/models/{{name}}/versions"): OPERATE,
     ("GET", f"{V}/models/{{name}}/versions/{{version}}"): READ,
     ("POST", f"{V}/models/{{name}}/versions/{{version}}/deprecate"): OPERATE,
-    ("GET", f"{V}/models/{{name}}/versions/{{version}}/files/{{path}}"): READ | {"agent"},
+    ("GET", f"{V}/models/{{name}}/versions/{{version}}/files/{{path}}"): READ | AGENT,
     ("POST", f"{V}/deployments"): OPERATE,
     ("GET", f"{V}/deployments"): READ,
     ("GET", f"{V}/deployments/{{name}}"): READ,
@@ -34,8 +37,8 @@ EXPECTED: dict[tuple[str, str], set[str | None]] = {
     ("POST", f"{V}/tokens"): ADMIN,
     ("GET", f"{V}/tokens"): ADMIN,
     ("DELETE", f"{V}/tokens/{{ref}}"): ADMIN,
-    ("POST", f"{V}/agents/register"): {"bootstrap"},
-    ("POST", f"{V}/agents/heartbeat"): {"agent"},
+    ("POST", f"{V}/agents/register"): BOOTSTRAP,
+    ("POST", f"{V}/agents/heartbeat"): AGENT,
     ("GET", f"{V}/status"): READ,
     ("GET", "/healthz"): PUBLIC,
     ("GET", "/readyz"): PUBLIC,
