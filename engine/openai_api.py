@@ -61,6 +61,19 @@ class ApiError(Exception):
         self.code = code
         self.headers = headers or {}
 
+    @property
+    def metric_reason(self) -> str | None:
+        """The `dllm_request_errors_total` reason this refusal counts under (None: not counted)."""
+        if self.code in ("context_length_exceeded", "model_not_found", "engine_error"):
+            return self.code
+        return {
+            400: "invalid_request",
+            401: "unauthorized",
+            429: "queue_full",
+            503: "not_ready",
+            504: "timeout",
+        }.get(self.status)
+
     def body(self) -> dict[str, Any]:
         """The JSON body clients parse."""
         return {

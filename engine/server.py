@@ -1,9 +1,9 @@
 """The HTTP layer: OpenAI-compatible routes, health probes and /metrics (FastAPI).
 
-Only HTTP lives here: parsing, authentication, admission answers, response shapes. Decoding is
-the EngineCore's job, reached through `AsyncEngine`. Every error a client can cause is answered
-in the OpenAI shape with a 4xx/5xx status that says what to do; nothing a client sends yields a
-500 or a stack trace.
+Only HTTP lives here: authentication, admission answers, streaming, response shapes. Turning a
+body into engine inputs is `engine.api_requests`; decoding is the EngineCore's, reached through
+`AsyncEngine`. Every error a client can cause is answered in the OpenAI shape with a 4xx/5xx
+status that says what to do; nothing a client sends yields a 500 or a stack trace.
 """
 
 from __future__ import annotations
@@ -21,11 +21,19 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.api_requests import (
+    chat_max_tokens,
+    chat_prompt,
+    check_request,
+    completion_prompts,
+    params_error,
+    parse_body,
+    sampling_params,
+)
 from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFull
-from engine.errors import ContextLengthExceeded, EngineError, InvalidParams
+from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
 from engine.openai_api import (
     ApiError,
@@ -44,11 +52,7 @@ from engine.serve_config import ServeConfig
 
 log = logging.getLogger("engine.server")
 
-# Defaults when a request leaves max_tokens out: OpenAI's 16 for completions; a chat answer
-# gets the room left in the context, capped here.
-COMPLETION_DEFAULT_MAX_TOKENS = 16
-CHAT_DEFAULT_MAX_TOKENS = 256
-# Seconds a client told "queue full" should wait before retrying.
+# Seconds a client told "queue full" or "not ready" should wait before retrying.
 RETRY_AFTER_S = 1
 
 
@@ -110,29 +114,6 @@ def _error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def _validation_error(exc: ValidationError) -> ApiError:
-    first = exc.errors()[0]
-    loc = [str(p) for p in first["loc"]]
-    param = loc[0] if loc else None
-    where = ".".join(loc) or "body"
-    if first["type"] == "extra_forbidden":
-        return ApiError(400, f"unknown field {where!r}", param=param, code="unknown_field")
-    if first["type"] == "missing":
-        return ApiError(400, f"{where} is required", param=param, code="missing_field")
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if not loc:
-        # A model-level rule (an unsupported standard field); the message names the field.
-        param = message.split("=", 1)[0] if "=" in message else None
-        return ApiError(400, message, param=param, code="unsupported_value")
-    return ApiError(400, f"{where}: {message}", param=param, code="invalid_value")
-
-
-def _params_error(exc: InvalidParams) -> ApiError:
-    if isinstance(exc, ContextLengthExceeded):
-        return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
-    return ApiError(400, str(exc), param=exc.field, code="invalid_value")
-
-
 def create_app(state: ServerState) -> FastAPI:
     """The FastAPI application of one engine server."""
     config, metrics = state.config, state.metrics
@@ -141,6 +122,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.metric_reason:
+            metrics.record_error(exc.metric_reason)
         return _error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
@@ -162,7 +145,6 @@ def create_app(state: ServerState) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-            metrics.record_error("unauthorized")
             raise ApiError(
                 401,
                 "missing or wrong API key; send 'Authorization: Bearer <key>'",
@@ -171,12 +153,10 @@ def create_app(state: ServerState) -> FastAPI:
 
     def require_ready() -> ServedModel:
         if state.draining:
-            metrics.record_error("not_ready")
             raise ApiError(
                 503, "the server is shutting down; retry on another instance", code="draining"
             )
         if state.model is None:
-            metrics.record_error("not_ready")
             raise ApiError(
                 503,
                 f"the model is not ready ({state.phase}); retry shortly",
@@ -186,22 +166,8 @@ def create_app(state: ServerState) -> FastAPI:
         return state.model
 
     async def parse(request: Request, schema: type[_Request]) -> Any:
-        raw = await request.body()
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            metrics.record_error("invalid_request")
-            raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-        if not isinstance(data, dict):
-            metrics.record_error("invalid_request")
-            raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
-        try:
-            body = schema.model_validate(data)
-        except ValidationError as exc:
-            metrics.record_error("invalid_request")
-            raise _validation_error(exc) from None
+        body = parse_body(await request.body(), schema)
         if body.model != config.model.name:
-            metrics.record_error("model_not_found")
             raise ApiError(
                 404,
                 f"model {body.model!r} is not served here; this server serves "
@@ -211,46 +177,20 @@ def create_app(state: ServerState) -> FastAPI:
             )
         return body
 
-    def sampling(body: _Request, max_tokens: int | None, thinking: bool | None) -> SamplingParams:
-        m = config.model
-        return SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS,
-            temperature=0.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            seed=body.seed,
-            stop=[body.stop] if isinstance(body.stop, str) else body.stop,
-            block_size=body.block_size if body.block_size is not None else m.block_size,
-            threshold=body.threshold if body.threshold is not None else m.threshold,
-            steps=body.steps,
-            min_steps=body.min_steps if body.min_steps is not None else m.min_steps,
-            max_steps=body.max_steps if body.max_steps is not None else m.max_steps,
-            thinking=thinking,
-        )
-
     def validate(served: ServedModel, params: SamplingParams, prompt: list[int]) -> None:
-        try:
-            params.validate(config.model.max_seq_len, len(prompt), served.default_block)
-        except InvalidParams as exc:
-            is_context = isinstance(exc, ContextLengthExceeded)
-            metrics.record_error("context_length_exceeded" if is_context else "invalid_request")
-            raise _params_error(exc) from None
-        vocab = served.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            metrics.record_error("invalid_request")
-            raise ApiError(
-                400,
-                f"prompt token ids must be in [0, {vocab})",
-                param="prompt",
-                code="invalid_value",
-            )
+        check_request(
+            params,
+            prompt,
+            max_seq_len=config.model.max_seq_len,
+            default_block=served.default_block,
+            vocab_size=served.tokenizer.vocab_size,
+        )
 
     def admit(served: ServedModel, prompt: list[int], params: SamplingParams) -> tuple[str, Any]:
         request_id = uuid.uuid4().hex
         try:
             return request_id, served.engine.submit(request_id, prompt, params)
         except QueueFull:
-            metrics.record_error("queue_full")
             raise ApiError(
                 429,
                 f"the server is at capacity (queue full); retry after {RETRY_AFTER_S} s",
@@ -258,7 +198,6 @@ def create_app(state: ServerState) -> FastAPI:
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         except EngineStopped:
-            metrics.record_error("not_ready")
             raise ApiError(503, "the server is shutting down", code="draining") from None
 
     def deadline() -> float:
@@ -277,7 +216,6 @@ def create_app(state: ServerState) -> FastAPI:
                 if u.finished:
                     reason, stats = u.finish_reason, u.stats
         except TimeoutError:
-            metrics.record_error("timeout")
             raise ApiError(
                 504,
                 f"the request took longer than request_timeout_s="
@@ -289,9 +227,8 @@ def create_app(state: ServerState) -> FastAPI:
         except EngineStopped:
             raise ApiError(503, "aborted: the server shut down", code="draining") from None
         except InvalidParams as exc:
-            raise _params_error(exc) from None
+            raise params_error(exc) from None
         except EngineError as exc:
-            metrics.record_error("engine_error")
             raise ApiError(
                 503, f"the engine failed this request: {exc}", code="engine_error"
             ) from None
@@ -396,11 +333,10 @@ def create_app(state: ServerState) -> FastAPI:
         check_auth(request)
         served = require_ready()
         body: CompletionRequest = await parse(request, CompletionRequest)
-        prompts = _completion_prompts(body.prompt, served.tokenizer)
+        prompts = completion_prompts(body.prompt, served.tokenizer)
         if body.stream and len(prompts) != 1:
-            metrics.record_error("invalid_request")
             raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
-        params = sampling(body, body.max_tokens, None)
+        params = sampling_params(body, config.model, body.max_tokens, None)
         for prompt in prompts:
             validate(served, params, prompt)
         admitted: list[tuple[str, Any]] = []
@@ -444,11 +380,11 @@ def create_app(state: ServerState) -> FastAPI:
         served = require_ready()
         body: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
         thinking = body.thinking if body.thinking is not None else config.model.thinking
-        prompt = _chat_prompt(body, served.tokenizer, thinking)
-        max_tokens = body.max_completion_tokens if body.max_tokens is None else body.max_tokens
-        if max_tokens is None:
-            max_tokens = _room_left(served, body, len(prompt), config.model.max_seq_len)
-        params = sampling(body, max_tokens, thinking)
+        prompt = chat_prompt(body, served.tokenizer, thinking)
+        max_tokens = chat_max_tokens(
+            body, len(prompt), config.model.max_seq_len, served.default_block
+        )
+        params = sampling_params(body, config.model, max_tokens, thinking)
         validate(served, params, prompt)
         request_id, updates = admit(served, prompt, params)
         rid = new_id("chatcmpl")
@@ -466,48 +402,3 @@ def create_app(state: ServerState) -> FastAPI:
         return JSONResponse(chat_body(rid, name, text, reason, usage_of(stats, len(prompt), 0)))
 
     return app
-
-
-def _completion_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
-    """Token ids of each prompt: a string, token ids, or a list of either."""
-    if isinstance(prompt, str):
-        return [tokenizer.encode(prompt)]
-    if not prompt:
-        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
-    if all(isinstance(p, int) for p in prompt):
-        return [list(prompt)]
-    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
-
-
-def _chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> list[int]:
-    """Render the conversation with the checkpoint's chat template and tokenize it."""
-    if not tokenizer.has_chat_template:
-        raise ApiError(
-            400,
-            "this checkpoint has no chat template; use /v1/completions",
-            param="messages",
-            code="no_chat_template",
-        )
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in body.messages
-    ]
-    try:
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, enable_thinking=thinking
-        )
-    except Exception as exc:  # the template's own raise_exception() or a rendering error
-        raise ApiError(
-            400,
-            f"the chat template rejected these messages: {exc}",
-            param="messages",
-            code="invalid_value",
-        ) from None
-    return list(tokenizer.encode(text))
-
-
-def _room_left(served: ServedModel, body: _Request, prompt_len: int, max_seq_len: int) -> int:
-    """Default chat max_tokens: what fits in the context (whole blocks), capped."""
-    block = body.block_size or served.default_block
-    room = (max_seq_len // max(block, 1)) * max(block, 1) - prompt_len
-    return max(1, min(CHAT_DEFAULT_MAX_TOKENS, room))

@@ -1,0 +1,157 @@
+"""From an OpenAI request body to engine inputs: prompt token ids and SamplingParams.
+
+Everything here either produces what the engine needs or raises an `ApiError` 400 that names
+the field to fix, so the route handlers stay about HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.errors import ContextLengthExceeded, InvalidParams
+from engine.openai_api import ApiError, ChatCompletionRequest, _Request
+from engine.params import SamplingParams
+from engine.serve_config import ModelSection
+
+# Defaults when a request leaves max_tokens out: OpenAI's 16 for completions; a chat answer
+# gets the room left in the context, capped here.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+CHAT_DEFAULT_MAX_TOKENS = 256
+
+
+def parse_body(raw: bytes, schema: type[_Request]) -> Any:
+    """Decode and validate a JSON request body against `schema`."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+def validation_error(exc: ValidationError) -> ApiError:
+    """The first schema violation as a 400 naming the field."""
+    first = exc.errors()[0]
+    loc = [str(p) for p in first["loc"]]
+    param = loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    if first["type"] == "extra_forbidden":
+        return ApiError(400, f"unknown field {where!r}", param=param, code="unknown_field")
+    if first["type"] == "missing":
+        return ApiError(400, f"{where} is required", param=param, code="missing_field")
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if not loc:
+        # A model-level rule (an unsupported standard field); the message names the field.
+        param = message.split("=", 1)[0] if "=" in message else None
+        return ApiError(400, message, param=param, code="unsupported_value")
+    return ApiError(400, f"{where}: {message}", param=param, code="invalid_value")
+
+
+def params_error(exc: InvalidParams) -> ApiError:
+    """An engine parameter error as a 400 (`context_length_exceeded` keeps its own code)."""
+    if isinstance(exc, ContextLengthExceeded):
+        return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
+    return ApiError(400, str(exc), param=exc.field, code="invalid_value")
+
+
+def sampling_params(
+    body: _Request, defaults: ModelSection, max_tokens: int | None, thinking: bool | None
+) -> SamplingParams:
+    """The request's decoding parameters; unset diffusion knobs take the server's defaults."""
+
+    def pick(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return SamplingParams(
+        max_tokens=pick(max_tokens, COMPLETION_DEFAULT_MAX_TOKENS),
+        temperature=pick(body.temperature, 0.0),
+        top_p=pick(body.top_p, 1.0),
+        top_k=pick(body.top_k, 0),
+        seed=body.seed,
+        stop=[body.stop] if isinstance(body.stop, str) else body.stop,
+        block_size=pick(body.block_size, defaults.block_size),
+        threshold=pick(body.threshold, defaults.threshold),
+        steps=body.steps,
+        min_steps=pick(body.min_steps, defaults.min_steps),
+        max_steps=pick(body.max_steps, defaults.max_steps),
+        thinking=thinking,
+    )
+
+
+def check_request(
+    params: SamplingParams,
+    prompt: list[int],
+    *,
+    max_seq_len: int,
+    default_block: int,
+    vocab_size: int,
+) -> None:
+    """Refuse, before admission, what the engine would refuse: the same rules, as 400s."""
+    try:
+        params.validate(max_seq_len, len(prompt), default_block)
+    except InvalidParams as exc:
+        raise params_error(exc) from None
+    if any(not 0 <= t < vocab_size for t in prompt):
+        raise ApiError(
+            400,
+            f"prompt token ids must be in [0, {vocab_size})",
+            param="prompt",
+            code="invalid_value",
+        )
+
+
+def completion_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
+    """Token ids of each prompt: a string, token ids, or a list of either."""
+    if isinstance(prompt, str):
+        return [tokenizer.encode(prompt)]
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> list[int]:
+    """Render the conversation with the checkpoint's chat template and tokenize it."""
+    if not tokenizer.has_chat_template:
+        raise ApiError(
+            400,
+            "this checkpoint has no chat template; use /v1/completions",
+            param="messages",
+            code="no_chat_template",
+        )
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+        for m in body.messages
+    ]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, enable_thinking=thinking
+        )
+    except Exception as exc:  # the template's own raise_exception() or a rendering error
+        raise ApiError(
+            400,
+            f"the chat template rejected these messages: {exc}",
+            param="messages",
+            code="invalid_value",
+        ) from None
+    return list(tokenizer.encode(text))
+
+
+def chat_max_tokens(
+    body: ChatCompletionRequest, prompt_len: int, max_seq_len: int, block: int
+) -> int:
+    """max_tokens of a chat request: as asked, else what fits in the context (whole blocks)."""
+    asked = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
+    if asked is not None:
+        return asked
+    block = max(1, body.block_size or block)
+    room = (max_seq_len // block) * block - prompt_len
+    return max(1, min(CHAT_DEFAULT_MAX_TOKENS, room))
