@@ -313,8 +313,11 @@ class DemoStack:
 def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
     """The `dctl up --demo` command: start, print what to do next, wait for Ctrl-C, stop."""
     stop = threading.Event()
+    started = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
+        if not started.is_set():
+            raise KeyboardInterrupt  # abandon start-up wherever it is; `finally` cleans up
         stop.set()
 
     signal.signal(signal.SIGINT, on_signal)
@@ -322,6 +325,7 @@ def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
     stack = DemoStack(data_dir, port, size, timeout_s, say=lambda line: print(line, flush=True))
     try:
         endpoints = stack.start()
+        started.set()
         context_note = ""
         if endpoints.context:
             context_note = f"Credentials: context {endpoints.context!r} in the credentials file"
@@ -355,5 +359,8 @@ def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.code
+    except KeyboardInterrupt:
+        print("interrupted during start-up; stopping what was started", flush=True)
+        return 130
     finally:
         stack.stop()
