@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.errors import ContextLengthExceeded, InvalidParams
-from engine.openai_api import ApiError, ChatCompletionRequest, _Request
+from engine.openai_api import ApiError, BaseRequest, ChatCompletionRequest
 from engine.params import SamplingParams
 from engine.serve_config import ModelSection
 
@@ -22,7 +22,7 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_MAX_TOKENS = 256
 
 
-def parse_body(raw: bytes, schema: type[_Request]) -> Any:
+def parse_body(raw: bytes, schema: type[BaseRequest]) -> Any:
     """Decode and validate a JSON request body against `schema`."""
     try:
         data = json.loads(raw)
@@ -62,7 +62,7 @@ def params_error(exc: InvalidParams) -> ApiError:
 
 
 def sampling_params(
-    body: _Request, defaults: ModelSection, max_tokens: int | None, thinking: bool | None
+    body: BaseRequest, defaults: ModelSection, max_tokens: int | None, thinking: bool | None
 ) -> SamplingParams:
     """The request's decoding parameters; unset diffusion knobs take the server's defaults."""
 

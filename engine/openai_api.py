@@ -93,7 +93,7 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class _Request(BaseModel):
+class BaseRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
     model_config = ConfigDict(extra="forbid")
@@ -123,7 +123,7 @@ class _Request(BaseModel):
     top_logprobs: StrictInt | None = None
 
     @model_validator(mode="after")
-    def _neutral_only(self) -> _Request:
+    def _neutral_only(self) -> BaseRequest:
         for name, allowed in _NEUTRAL.items():
             if name in type(self).model_fields:
                 value = getattr(self, name)
@@ -132,7 +132,7 @@ class _Request(BaseModel):
         return self
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(BaseRequest):
     """`POST /v1/completions`."""
 
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
@@ -172,7 +172,7 @@ class ResponseFormat(BaseModel):
     type: Literal["text"]
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(BaseRequest):
     """`POST /v1/chat/completions`."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]

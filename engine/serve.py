@@ -82,10 +82,10 @@ def setup_logging(level: str, fmt: str) -> None:
 # ---- arguments ---------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m engine.serve") -> argparse.ArgumentParser:
     """`--config FILE` plus one flag per configuration key."""
     parser = argparse.ArgumentParser(
-        prog="engine.serve",
+        prog=prog,
         description="Serve a block-diffusion checkpoint over an OpenAI-compatible HTTP API.",
     )
     parser.add_argument("--config", help="YAML configuration file")
@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_config(argv: Sequence[str] | None) -> ServeConfig:
+def read_config(argv: Sequence[str] | None, prog: str = "python -m engine.serve") -> ServeConfig:
     """Parse the command line into a validated configuration (ServeConfigError if bad)."""
-    args = vars(build_parser().parse_args(argv))
+    args = vars(build_parser(prog).parse_args(argv))
     path = args.pop("config")
     overrides = {key: value for key, value in args.items() if value is not None}
     return load_serve_config(path, overrides)
@@ -283,10 +283,10 @@ def run(config: ServeConfig) -> int:
     return exit_code
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m engine.serve") -> int:
     """Entry point of `python -m engine.serve` and `dctl engine serve`."""
     try:
-        config = read_config(argv)
+        config = read_config(argv, prog)
     except ServeConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

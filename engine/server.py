@@ -37,10 +37,10 @@ from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
 from engine.openai_api import (
     ApiError,
+    BaseRequest,
     ChatCompletionRequest,
     CompletionRequest,
     Usage,
-    _Request,
     chat_body,
     chat_chunk,
     completion_body,
@@ -165,7 +165,7 @@ def create_app(state: ServerState) -> FastAPI:
             )
         return state.model
 
-    async def parse(request: Request, schema: type[_Request]) -> Any:
+    async def parse(request: Request, schema: type[BaseRequest]) -> Any:
         body = parse_body(await request.body(), schema)
         if body.model != config.model.name:
             raise ApiError(

@@ -22,7 +22,7 @@ def serve(ctx: typer.Context) -> None:
     # accept exactly the same flags and print the same errors.
     from engine.serve import main
 
-    raise typer.Exit(main(list(ctx.args)))
+    raise typer.Exit(main(list(ctx.args), prog="dctl engine serve"))
 
 
 def register(app: typer.Typer) -> None:
