@@ -153,3 +153,17 @@ def test_metrics_endpoint_counts_requests_by_route(api: Api) -> None:
     assert 'dctl_http_requests_total{method="GET",route="/api/v1/hosts",status="200"} 1.0' in text
     assert 'dctl_http_requests_total{method="GET",route="/api/v1/hosts",status="401"} 1.0' in text
     assert "dctl_heartbeat_lag_seconds" in text
+
+
+def test_metric_samples_older_than_24h_are_pruned(api: Api) -> None:
+    agent = api.register("gpu-1")["agent_token"]
+    for _ in range(3):
+        api.heartbeat(agent, gpus=[gpu(0)])
+        api.clock.advance(10)
+    health = api.app.state.ctx.health
+    assert health.prune_samples() == 0
+    api.clock.advance(24 * 3600 - 25)  # now t0 + 24 h + 5 s: only the t0 bucket is older
+    assert health.prune_samples() == 4  # one bucket: 4 GPU series
+    with api.engine.connect() as conn:
+        left = conn.execute(sa.text("SELECT COUNT(*) FROM metricsample")).scalar()
+    assert left == 4
