@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 from pydantic import ValidationError
@@ -98,6 +99,20 @@ def _error_message(response: httpx.Response) -> str:
             return str(error.get("message", error))
         return str(body.get("message") or body.get("detail") or body)
     return str(body)[:300]
+
+
+class ControlPlane(Protocol):
+    """The two calls of the agent protocol (`ControlPlaneClient` over HTTP; fakes in tests)."""
+
+    url: str
+
+    def register(self, request: RegisterRequest, bootstrap_token: str) -> RegisterResponse:
+        """Exchange a bootstrap token for an agent token."""
+        ...
+
+    def heartbeat(self, beat: Heartbeat, token: str) -> HeartbeatReply:
+        """Report observed state, receive desired state."""
+        ...
 
 
 class ControlPlaneClient:

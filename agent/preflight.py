@@ -190,11 +190,18 @@ def _count_check(sample: GpuSnapshot, config: PreflightConfig) -> PreflightCheck
 
 
 def _memory_check(sample: GpuSnapshot, config: PreflightConfig) -> PreflightCheck:
-    plan = config.memory_plan
-    if plan is None:
+    if config.memory_plan is None:
         return _check("gpu_memory", "pass", "no memory plan to check against")
-    need = plan.required_bytes(config.kv_tokens)
-    free = [d.memory_free_bytes for d in sample.devices if d.memory_free_bytes is not None]
+    return memory_check(sample, config.memory_plan, config.kv_tokens)
+
+
+def memory_check(
+    sample: GpuSnapshot, plan: MemoryPlan, kv_tokens: int, indices: tuple[int, ...] = ()
+) -> PreflightCheck:
+    """Does the free memory of the GPUs (INDICES, default all) hold the plan's weights + KV?"""
+    need = plan.required_bytes(kv_tokens)
+    devices = [d for d in sample.devices if not indices or d.index in indices]
+    free = [d.memory_free_bytes for d in devices if d.memory_free_bytes is not None]
     if not free:
         return _check("gpu_memory", "warn", "free GPU memory is not reported (N/A)")
     total_free = sum(free)
@@ -202,7 +209,7 @@ def _memory_check(sample: GpuSnapshot, config: PreflightConfig) -> PreflightChec
         return _check(
             "gpu_memory",
             "fail",
-            f"model needs {need / GIB:.1f} GiB (weights + KV for {config.kv_tokens} tokens) but "
+            f"model needs {need / GIB:.1f} GiB (weights + KV for {kv_tokens} tokens) but "
             f"only {total_free / GIB:.1f} GiB GPU memory is free: stop other GPU processes or "
             "use a host with more memory",
         )

@@ -27,7 +27,7 @@ from urllib.parse import urljoin
 
 from agent.control_plane import (
     AgentIdentity,
-    ControlPlaneClient,
+    ControlPlane,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
     IdentityStore,
@@ -35,7 +35,7 @@ from agent.control_plane import (
 from agent.engine_metrics import EngineMetricsTracker
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
 from agent.metrics import AgentMetrics
-from agent.preflight import PreflightReport
+from agent.preflight import PreflightReport, memory_check
 from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
 from agent.supervisor import InstanceSpec, Supervisor
 from controlplane.wire import (
@@ -138,7 +138,7 @@ class Agent:
         preflight: PreflightReport,
         store: SnapshotStore,
         supervisor: Supervisor,
-        client: ControlPlaneClient,
+        client: ControlPlane,
         metrics: AgentMetrics | None = None,
         fetch_metrics: MetricsFetcher | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -166,6 +166,7 @@ class Agent:
         self._progress: dict[str, SnapshotProgress] = {}
         self._progress_lock = threading.Lock()
         self._waiting: dict[int, tuple[InstanceState, str]] = {}
+        self._last_sample: GpuSnapshot | None = None
         self.metrics.preflight_ok.set(1 if preflight.ok else 0)
         if selection.kind == "fake" and selection.backend is not None:
             backend = selection.backend
@@ -223,6 +224,7 @@ class Agent:
             log.warning("GPU sample failed: %s", exc)
             return None
         self.metrics.gpus.sample = sample
+        self._last_sample = sample
         return sample
 
     def facts(self, sample: GpuSnapshot | None) -> HostFacts:
@@ -349,7 +351,12 @@ class Agent:
             digest = desired.model.digest
             if self.store.has(digest):
                 self._waiting.pop(instance_id, None)
-                self.supervisor.ensure(self._spec(desired, self.store.path_for(digest)))
+                spec = self._spec(desired, self.store.path_for(digest))
+                short = self._memory_shortfall(desired)
+                if short is not None:
+                    self.supervisor.mark_failed(instance_id, spec, short)
+                else:
+                    self.supervisor.ensure(spec)
                 continue
             failure = self._failures.get(digest)
             if failure is not None and now < failure.retry_at:
@@ -377,6 +384,17 @@ class Agent:
         for digest in self.store.prune(in_use):
             log.info("snapshot %s pruned (keeping the last %s)", digest[:12], self.store.keep)
         self.metrics.snapshots_stored.set(len(self.store.digests()))
+
+    def _memory_shortfall(self, desired: DesiredInstance) -> str | None:
+        """Why a not-yet-running instance cannot fit its GPUs, or None when it fits."""
+        plan = desired.model.memory_plan
+        idle = self.supervisor.state_of(desired.instance_id) in (
+            None, InstanceState.FAILED, InstanceState.STOPPED)  # fmt: skip
+        if plan is None or not idle or self._last_sample is None:
+            return None
+        kv_tokens = plan.max_context_tokens or 4096
+        check = memory_check(self._last_sample, plan, kv_tokens, tuple(desired.gpu_indices))
+        return f"not started: {check.reason}" if check.status == "fail" else None
 
     def _start_fetch(self, desired: DesiredInstance) -> None:
         digest = desired.model.digest

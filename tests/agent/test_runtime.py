@@ -1,0 +1,267 @@
+"""The agent loop against an in-process control plane: registration, reconcile, outages."""
+
+from __future__ import annotations
+
+import stat
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from agent.control_plane import ControlPlaneRejected, ControlPlaneUnavailable
+from agent.gpu import BackendSelection, FakeBackend
+from agent.preflight import PreflightReport
+from agent.runtime import Agent, AgentConfig
+from agent.snapshots import SnapshotStore
+from agent.supervisor import Supervisor
+from controlplane.manifest import compute_manifest
+from controlplane.wire import (
+    DesiredInstance,
+    Heartbeat,
+    HeartbeatReply,
+    InstanceState,
+    MemoryPlan,
+    ModelVersionRef,
+    PreflightCheck,
+    RegisterRequest,
+    RegisterResponse,
+)
+from tests.agent.fakes import Clock, FakeLauncher, Health
+
+GIB = 1024**3
+
+
+class FakeControlPlane:
+    """Answers like the control plane; can be taken down or made to refuse the token."""
+
+    url = "http://control-plane.test"
+
+    def __init__(self) -> None:
+        self.registrations: list[RegisterRequest] = []
+        self.beats: list[Heartbeat] = []
+        self.instances: list[DesiredInstance] = []
+        self.down = False
+        self.refuse_token: str | None = None
+        self.generation = 1
+
+    def register(self, request: RegisterRequest, bootstrap_token: str) -> RegisterResponse:
+        if self.down:
+            raise ControlPlaneUnavailable("connection refused")
+        self.registrations.append(request)
+        n = len(self.registrations)
+        return RegisterResponse(
+            host_id=1, host_name=request.name, agent_token=f"agent-token-{n}",
+            heartbeat_interval_s=1.0,
+        )  # fmt: skip
+
+    def heartbeat(self, beat: Heartbeat, token: str) -> HeartbeatReply:
+        if self.down:
+            raise ControlPlaneUnavailable("connection refused")
+        if token == self.refuse_token:
+            raise ControlPlaneRejected(401, "token revoked")
+        self.beats.append(beat)
+        return HeartbeatReply(
+            generation=self.generation, host_id=1, heartbeat_interval_s=1.0,
+            server_time=datetime.now(UTC), instances=list(self.instances),
+        )  # fmt: skip
+
+
+def checkpoint(root: Path, seed: int) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(f'{{"seed": {seed}}}')
+    (root / "model.safetensors").write_bytes(bytes(range(256)) * (seed + 1))
+    return root
+
+
+def desired(src: Path, version: str = "v1", plan: MemoryPlan | None = None) -> DesiredInstance:
+    manifest = compute_manifest(src)
+    return DesiredInstance(
+        instance_id=5,
+        deployment="demo",
+        port=18005,
+        model=ModelVersionRef(
+            name="demo", version=version, digest=manifest.digest(), manifest=manifest,
+            source_uri=str(src), memory_plan=plan,
+        ),
+    )  # fmt: skip
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, preflight_ok: bool = True, token: str | None = "boot"):
+        self.tmp = tmp_path
+        self.cp = FakeControlPlane()
+        self.clock = Clock()
+        self.launcher = FakeLauncher()
+        self.health = Health()
+        self.engine_text = ""
+        status = "pass" if preflight_ok else "fail"
+        self.preflight = PreflightReport(
+            [PreflightCheck(name="ecc", status=status, reason="uncorrectable ECC errors")]
+        )
+        self.token = token
+        self.agent = self.make_agent()
+
+    def make_agent(self) -> Agent:
+        supervisor = Supervisor(
+            self.tmp / "data" / "agent" / "run", self.launcher, self.health, clock=self.clock,
+            engine_command=["engine-bin"],
+        )  # fmt: skip
+        return Agent(
+            AgentConfig(control_plane=self.cp.url, data_dir=self.tmp / "data",
+                        bootstrap_token=self.token, host_name="gpu-1"),
+            BackendSelection("fake", FakeBackend("2xH100")),
+            self.preflight,
+            SnapshotStore(self.tmp / "data" / "snapshots"),
+            supervisor,
+            self.cp,
+            fetch_metrics=lambda port: self.engine_text or None,
+            clock=self.clock,
+        )  # fmt: skip
+
+    def settle(self) -> None:
+        """Heartbeat, let the snapshot worker finish, and reconcile its result."""
+        self.agent.heartbeat_once()
+        deadline = time.monotonic() + 10
+        while self.agent._fetching and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self.agent.step()
+        self.agent.supervisor.tick()
+
+    def observed(self) -> dict[int, object]:
+        return {o.instance_id: o for o in self.agent.observed()}
+
+
+def test_registers_once_and_keeps_the_token_private(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    identity = rig.agent.ensure_registered()
+    assert identity is not None and identity.token == "agent-token-1"
+    token_file = tmp_path / "data" / "agent" / "agent-token"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert rig.cp.registrations[0].facts is not None
+    assert rig.cp.registrations[0].facts.gpu_backend == "fake"
+    again = rig.make_agent()
+    assert again.ensure_registered() == identity
+    assert len(rig.cp.registrations) == 1
+
+
+def test_without_identity_or_bootstrap_token_the_error_says_what_to_do(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, token=None)
+    with pytest.raises(ControlPlaneRejected, match="--bootstrap-token"):
+        rig.agent.ensure_registered()
+
+
+def test_a_refused_token_triggers_a_new_registration(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.agent.heartbeat_once()
+    rig.cp.refuse_token = "agent-token-1"
+    assert rig.agent.heartbeat_once() is None
+    assert rig.agent.heartbeat_once() is not None
+    assert len(rig.cp.registrations) == 2
+    assert rig.cp.beats[-1].facts.gpu_backend == "fake"
+
+
+def test_desired_instance_is_fetched_started_and_reported(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    want = desired(checkpoint(tmp_path / "v1", 1))
+    rig.cp.instances = [want]
+    rig.settle()
+    assert len(rig.launcher.launched) == 1
+    snapshot = tmp_path / "data" / "snapshots" / "snapshots" / want.model.digest
+    assert snapshot.is_dir()
+    assert rig.agent.supervisor.spec_of(5).snapshot_path == str(snapshot)  # type: ignore[union-attr]
+    rig.health.ready = True
+    rig.clock.now += 5
+    rig.agent.supervisor.tick()
+    beat = rig.agent.heartbeat_once()
+    assert beat is not None
+    last = rig.cp.beats[-1]
+    assert [(o.instance_id, o.state) for o in last.instances] == [(5, InstanceState.READY)]
+    assert last.applied_generation == 1
+    assert {s.state for s in rig.cp.beats[-2].snapshots} == {"ready"}
+    assert [g.name for g in last.gpus] == ["NVIDIA H100 80GB HBM3"] * 2
+
+
+def test_failed_preflight_starts_nothing_and_says_why(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, preflight_ok=False)
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
+    rig.settle()
+    rig.agent.heartbeat_once()
+    assert rig.launcher.launched == []
+    [observed] = rig.cp.beats[-1].instances
+    assert observed.state == InstanceState.FAILED
+    assert "preflight failed: ecc" in observed.message
+    assert not rig.cp.beats[-1].facts.preflight_ok()
+
+
+def test_a_corrupt_new_version_is_refused_and_the_old_engine_keeps_serving(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
+    rig.settle()
+    rig.health.ready = True
+    rig.clock.now += 5
+    rig.agent.supervisor.tick()
+    src = checkpoint(tmp_path / "v2", 2)
+    v2 = desired(src, "v2")
+    (src / "model.safetensors").write_bytes(b"tampered after registration")
+    rig.cp.instances = [v2]
+    rig.cp.generation = 2
+    rig.settle()
+    rig.agent.heartbeat_once()
+    [observed] = rig.cp.beats[-1].instances
+    assert observed.state == InstanceState.READY
+    assert "model.safetensors does not match the manifest" in observed.message
+    assert len(rig.launcher.launched) == 1
+    refused = [s for s in rig.cp.beats[-1].snapshots if s.digest == v2.model.digest]
+    assert refused[0].state == "failed"
+    assert rig.agent.metrics.snapshot_fetches.labels(result="mismatch")._value.get() == 1
+
+
+def test_an_instance_that_does_not_fit_the_gpus_is_not_started(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    huge = MemoryPlan(weights_bytes=400 * GIB, kv_bytes_per_token=0)
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1), plan=huge)]
+    rig.settle()
+    rig.settle()
+    assert rig.launcher.launched == []
+    [observed] = rig.agent.observed()
+    assert observed.state == InstanceState.FAILED and "needs 400.0 GiB" in observed.message
+
+
+def test_outage_keeps_engines_and_the_next_heartbeat_carries_every_delta(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
+    rig.settle()
+    rig.health.ready = True
+    rig.clock.now += 5
+    rig.agent.supervisor.tick()
+    registry = CollectorRegistry()
+    tokens = Counter("dllm_generated_tokens", "t", registry=registry)
+    tokens.inc(10)
+    rig.engine_text = generate_latest(registry).decode()
+    rig.agent.heartbeat_once()
+    rig.cp.down = True
+    for _ in range(3):
+        tokens.inc(5)
+        rig.engine_text = generate_latest(registry).decode()
+        assert rig.agent.heartbeat_once() is None
+        rig.clock.now += 1
+        rig.agent.supervisor.tick()
+    assert rig.agent.supervisor.state_of(5) == InstanceState.READY
+    assert rig.launcher.last.signals == []
+    rig.cp.down = False
+    rig.agent.heartbeat_once()
+    [delta] = rig.cp.beats[-1].metrics
+    assert delta.counters["dllm_generated_tokens_total"] == 15
+
+
+def test_an_instance_no_longer_desired_is_stopped(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
+    rig.settle()
+    proc = rig.launcher.last
+    rig.cp.instances = []
+    rig.agent.heartbeat_once()
+    rig.agent.supervisor.tick()
+    assert proc.signals and rig.agent.supervisor.instance_ids() == []
