@@ -214,7 +214,7 @@ class HeartbeatService:
                     )
                 )
             self._record_gpus(conn, host_id, beat, cache)
-            self._record_instances(conn, host_id, beat, cache, now)
+            self._record_instances(conn, host_id, row.name, beat, cache, now)
             self._record_samples(conn, host_id, beat, cache, now)
         cache.facts_json = facts
         return row
@@ -248,7 +248,13 @@ class HeartbeatService:
         cache.gpu_fingerprint = fingerprint
 
     def _record_instances(
-        self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
+        self,
+        conn: Connection,
+        host_id: int,
+        host_name: str,
+        beat: Heartbeat,
+        cache: _HostCache,
+        now: datetime,
     ) -> None:
         rows = []
         for inst in beat.instances:
@@ -276,9 +282,46 @@ class HeartbeatService:
             )
         if not rows:
             return
+        # Read what changed only when something did, to write a state-change event for it.
+        before = {
+            m["id"]: (m["observed_state"], m["name"])
+            for m in conn.execute(
+                select(col(Instance.id), col(Instance.observed_state), col(Deployment.name))
+                .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
+                .where(
+                    col(Instance.host_id) == host_id,
+                    col(Instance.id).in_([r["b_id"] for r in rows]),
+                )
+            ).mappings()
+        }
         for r in rows:
             r["b_host"], r["b_now"] = host_id, now
         conn.execute(self._sql.observe_instance, rows)
+        events = []
+        for r in rows:
+            if r["b_id"] not in before or before[r["b_id"]][0] == r["b_state"]:
+                continue  # another host's instance (ignored), or no state change
+            previous, deployment = before[r["b_id"]]
+            detail = f": {r['b_message']}" if r["b_message"] else ""
+            events.append(
+                {
+                    "time": now,
+                    "actor": f"host:{host_name}",
+                    "kind": f"instance.{r['b_state']}",
+                    "subject": f"instance/{r['b_id']}",
+                    "message": f"{deployment} instance {r['b_id']} on {host_name}: "
+                    f"{previous} -> {r['b_state']}{detail}"[:2000],
+                    "data": {
+                        "deployment": deployment,
+                        "host": host_name,
+                        "previous": previous,
+                        "restart_count": r["b_restarts"],
+                        "last_exit": r["b_exit"],
+                    },
+                }
+            )
+        if events:
+            conn.execute(insert(Event), events)
 
     def _record_samples(
         self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime

@@ -75,6 +75,9 @@ def test_heartbeat_commits_observed_state_and_returns_desired_state(api: Api, tm
     inst = host["instances"][0]
     assert (inst["observed_state"], inst["pid"], inst["restart_count"]) == ("ready", 4242, 2)
     assert inst["last_exit"]["code"] == 137
+    events = api.as_admin("GET", "/api/v1/events", params={"kind": "instance.*"}).json()["items"]
+    assert [(e["kind"], e["data"]["previous"]) for e in events] == [("instance.ready", "pending")]
+    assert events[0]["message"] == f"web instance {first.instance_id} on gpu-1: pending -> ready"
     api.as_admin("PATCH", "/api/v1/deployments/web", json={"engine_config": {"block_size": 8}})
     changed = HeartbeatReply(**api.heartbeat(agent).json())
     assert changed.generation > reply.generation
