@@ -1,0 +1,68 @@
+"""`dctl agent`, `dctl agent preflight` and `dctl agent verify` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agent.snapshots import SnapshotStore
+from controlplane.manifest import compute_manifest
+
+DCTL = [sys.executable, "-m", "controlplane.cli"]
+
+
+def dctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*DCTL, *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
+
+
+def test_preflight_json_on_fake_gpus_and_a_failing_expectation(tmp_path: Path) -> None:
+    ok = dctl("agent", "preflight", "--json", "--gpu-backend", "fake", "--fake-gpus", "1xA100",
+              "--data-dir", str(tmp_path))  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    report = json.loads(ok.stdout)
+    assert report["ok"] is True and report["gpu_backend"] == "fake"
+    assert {c["name"] for c in report["checks"]} >= {"nvml", "gpu_count", "disk", "torch"}
+    assert report["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
+    bad = dctl("agent", "preflight", "--gpu-backend", "fake", "--fake-gpus", "1xA100",
+               "--expected-gpus", "8", "--data-dir", str(tmp_path))  # fmt: skip
+    assert bad.returncode == 1
+    assert "1 GPU(s) visible, 8 expected" in bad.stdout
+
+
+def test_bad_flags_are_usage_errors_naming_the_flag(tmp_path: Path) -> None:
+    result = dctl("agent", "preflight", "--gpu-backend", "fake", "--fake-gpus", "2xTPU")
+    assert result.returncode == 2 and "--fake-gpus" in result.stderr
+    result = dctl("agent", "--control-plane", "http://127.0.0.1:1", "--ports", "9-1",
+                  "--allow-root", "--data-dir", str(tmp_path))  # fmt: skip
+    assert result.returncode == 2 and "--ports" in result.stderr
+
+
+def test_agent_refuses_root_without_allow_root(tmp_path: Path) -> None:
+    result = dctl("agent", "--control-plane", "http://127.0.0.1:1", "--data-dir", str(tmp_path))
+    if os.geteuid() == 0:
+        assert result.returncode == 1
+        assert "refusing to run as root" in result.stderr and "--allow-root" in result.stderr
+    else:  # an ordinary user gets past the check and fails on the missing bootstrap token
+        assert "refusing" not in result.stderr
+
+
+def test_verify_names_the_corrupted_file(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"\0" * 1024)
+    store = SnapshotStore(tmp_path / "data" / "snapshots")
+    path = store.fetch(compute_manifest(src), str(src))
+    clean = dctl("agent", "verify", "--json", "--data-dir", str(tmp_path / "data"))
+    assert clean.returncode == 0 and json.loads(clean.stdout)[0]["ok"] is True
+    weights = path / "model.safetensors"
+    weights.chmod(0o644)
+    weights.write_bytes(b"\1" * 1024)
+    broken = dctl("agent", "verify", "--json", "--data-dir", str(tmp_path / "data"))
+    assert broken.returncode == 1
+    assert json.loads(broken.stdout)[0]["bad_files"] == ["model.safetensors"]
