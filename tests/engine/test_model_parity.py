@@ -333,3 +333,27 @@ def test_narrow_weights_keep_a_narrow_cache_and_fp32_logits(tiny_checkpoint: Pat
     assert full.dtype == last.dtype == torch.float32
     # The cache rounds keys/values to bf16, so allow bf16-sized differences only.
     assert (last - full[:, 4:]).abs().max().item() <= 0.02 * full.abs().max().item()
+
+
+def test_bad_cache_arguments_are_explained(tiny_checkpoint: Path) -> None:
+    model = load_model(tiny_checkpoint)
+    cache = KVCache(model.config, num_slots=2, max_seq_len=8)
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    one, zero = torch.tensor([1]), torch.tensor([0])
+    with pytest.raises(ValueError, match="slots and cache_lens of shape"):
+        model(ids, cache=cache, slots=one)
+    with pytest.raises(ValueError, match=r"slots must be in \[0, 2\)"):
+        model(ids, cache=cache, slots=torch.tensor([2]), cache_lens=zero)
+    with pytest.raises(ValueError, match="reach 10 but the cache holds 8"):
+        model(
+            ids,
+            torch.arange(6, 10).view(1, 4),
+            cache=cache,
+            slots=one,
+            cache_lens=zero,
+            write_cache=True,
+        )
+    with pytest.raises(ValueError, match="block_size must be at least 1"):
+        model(ids, block_size=0, cache=cache, slots=one, cache_lens=zero)
+    with pytest.raises(ValueError, match="write_cache=True needs a cache"):
+        model(ids, write_cache=True)
