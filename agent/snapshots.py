@@ -206,28 +206,26 @@ class SnapshotStore:
         request_headers = dict(headers)
         if have:
             request_headers["Range"] = f"bytes={have}-"
-        client = self._http or httpx.Client(timeout=httpx.Timeout(30.0, read=300.0))
-        try:
-            with client.stream("GET", url, headers=request_headers) as response:
-                if response.status_code == 200 and have:
-                    # The server ignored the Range: start this file over.
-                    digest, have = hashlib.sha256(), 0
-                    meter.done -= target.stat().st_size
-                elif response.status_code not in (200, 206):
-                    raise SnapshotError(
-                        f"GET {url}: HTTP {response.status_code}: "
-                        f"{response.read()[:200].decode(errors='replace')}"
-                    )
-                size = have
-                with target.open("ab" if have else "wb") as out:
-                    for chunk in response.iter_bytes():
-                        out.write(chunk)
-                        digest.update(chunk)
-                        size += len(chunk)
-                        meter.add(len(chunk))
-        finally:
-            if self._http is None:
-                client.close()
+        if self._http is None:
+            # One client for the store's lifetime: building one costs more than a small file.
+            self._http = httpx.Client(timeout=httpx.Timeout(30.0, read=300.0))
+        with self._http.stream("GET", url, headers=request_headers) as response:
+            if response.status_code == 200 and have:
+                # The server ignored the Range: start this file over.
+                digest, have = hashlib.sha256(), 0
+                meter.done -= target.stat().st_size
+            elif response.status_code not in (200, 206):
+                raise SnapshotError(
+                    f"GET {url}: HTTP {response.status_code}: "
+                    f"{response.read()[:200].decode(errors='replace')}"
+                )
+            size = have
+            with target.open("ab" if have else "wb") as out:
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                    meter.add(len(chunk))
         return size, digest.hexdigest()
 
     def verify(self, digest: str) -> VerifyResult:
