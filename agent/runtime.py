@@ -167,6 +167,7 @@ class Agent:
         self._progress_lock = threading.Lock()
         self._waiting: dict[int, tuple[InstanceState, str]] = {}
         self._last_sample: GpuSnapshot | None = None
+        self._cancel_fetches = threading.Event()
         self.metrics.preflight_ok.set(1 if preflight.ok else 0)
         if selection.kind == "fake" and selection.backend is not None:
             backend = selection.backend
@@ -414,6 +415,7 @@ class Agent:
             files_url,
             headers,
             self._on_progress,
+            self._cancel_fetches,
         )
 
     def _on_progress(self, progress: SnapshotProgress) -> None:
@@ -488,7 +490,10 @@ class Agent:
                 self.step()
                 stop.wait(self.config.tick_s)
         finally:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # A download in flight stops at its next chunk (its partial data is kept).
+            self._cancel_fetches.set()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self.store.close()
             if self.config.stop_engines_on_exit:
                 log.info("stopping engines")
                 self.supervisor.stop_all()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ class SnapshotMismatch(SnapshotError):
         self.path = path
 
 
+class FetchCancelled(SnapshotError):
+    """The agent is shutting down; the partial data is kept so the next fetch resumes."""
+
+
 @dataclass(frozen=True)
 class VerifyResult:
     """Outcome of re-hashing a stored snapshot."""
@@ -62,9 +67,15 @@ class _Meter:
     """Bytes done and rate of one fetch, reported at most every `interval_s`."""
 
     def __init__(
-        self, digest: str, total: int, callback: ProgressCallback | None, interval_s: float = 0.5
+        self,
+        digest: str,
+        total: int,
+        callback: ProgressCallback | None,
+        cancel: threading.Event | None = None,
+        interval_s: float = 0.5,
     ) -> None:
         self.digest, self.total, self.callback = digest, total, callback
+        self.cancel = cancel
         self.interval_s = interval_s
         self.done = 0
         self.started = time.monotonic()
@@ -82,6 +93,8 @@ class _Meter:
         )
 
     def add(self, count: int) -> None:
+        if self.cancel is not None and self.cancel.is_set():
+            raise FetchCancelled(f"snapshot {self.digest[:12]}: fetch cancelled")
         self.done += count
         now = time.monotonic()
         if self.callback and now - self._last >= self.interval_s:
@@ -104,6 +117,12 @@ class SnapshotStore:
         self._http = http
         for sub in ("snapshots", "manifests", "partial"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        """Close the HTTP client, if one was opened."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
 
     def path_for(self, digest: str) -> Path:
         """Where the verified snapshot with this digest lives (whether or not it exists yet)."""
@@ -132,15 +151,19 @@ class SnapshotStore:
         files_url: str | None = None,
         headers: dict[str, str] | None = None,
         progress: ProgressCallback | None = None,
+        cancel: threading.Event | None = None,
     ) -> Path:
-        """Make the snapshot present and verified; returns its path. Raises `SnapshotError`."""
+        """Make the snapshot present and verified; returns its path. Raises `SnapshotError`.
+
+        Setting CANCEL stops the transfer at the next chunk, keeping the partial data.
+        """
         digest = manifest.digest()
         if self.has(digest):
             self.touch(digest)
             return self.path_for(digest)
         partial = self.root / "partial" / digest
         partial.mkdir(parents=True, exist_ok=True)
-        meter = _Meter(digest, manifest.total_bytes(), progress)
+        meter = _Meter(digest, manifest.total_bytes(), progress, cancel)
         local = _local_source(source_uri)
         try:
             for entry in manifest.files:
@@ -160,6 +183,9 @@ class SnapshotStore:
                 if actual != (entry.size, entry.sha256):
                     got = f"{actual[0]} bytes sha256 {actual[1][:12]}"
                     raise SnapshotMismatch(digest, entry.path, expected, got)
+        except FetchCancelled:
+            meter.finish("failed", "cancelled: the agent is stopping")
+            raise
         except SnapshotError as exc:
             shutil.rmtree(partial, ignore_errors=True)
             meter.finish("failed", str(exc))

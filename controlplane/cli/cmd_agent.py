@@ -182,7 +182,10 @@ def _run_agent(
         log.log(level[check.status], "preflight %s: %s: %s", check.name, check.status, check.reason)
     agent_metrics = AgentMetrics()
     host, port = metrics
-    bound = agent_metrics.serve(port, host)
+    try:
+        bound = agent_metrics.serve(port, host)
+    except OSError as exc:
+        fail(f"--metrics-port {port} on {host}: {exc.strerror}; pass a free port (0: any)")
     (data_dir / "agent").mkdir(parents=True, exist_ok=True)
     (data_dir / "agent" / "metrics-port").write_text(f"{bound}\n")
     log.info("agent /metrics on http://%s:%s/metrics", host, bound)

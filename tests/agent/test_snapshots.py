@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
+from agent.snapshots import FetchCancelled, SnapshotError, SnapshotMismatch, SnapshotStore
 from controlplane.manifest import compute_manifest
 from controlplane.wire import SnapshotProgress
 
@@ -176,3 +176,17 @@ def test_prune_keeps_the_last_n_and_those_in_use(tmp_path: Path) -> None:
     removed = store.prune(in_use={digests[0]})
     assert removed == [digests[1]]
     assert set(store.digests()) == {digests[0], digests[2], digests[3]}
+
+
+def test_a_cancelled_fetch_keeps_its_partial_data_for_the_next_attempt(tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src")
+    manifest = compute_manifest(src)
+    store = SnapshotStore(tmp_path / "store")
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(FetchCancelled):
+        store.fetch(manifest, str(src), cancel=stop)
+    assert (tmp_path / "store" / "partial" / manifest.digest()).is_dir()
+    assert not store.has(manifest.digest())
+    store.fetch(manifest, str(src))
+    assert store.verify(manifest.digest()).ok
