@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
 from typing import Any, Literal
 
@@ -41,8 +43,6 @@ class ErrorBody(ApiModel):
 def split_ref(ref: str) -> tuple[str, str]:
     """Split `NAME:VERSION`, checking both halves; ValueError says what is wrong."""
     name, sep, version = ref.partition(":")
-    import re
-
     if not sep or not re.match(NAME_PATTERN, name) or not re.match(VERSION_PATTERN, version):
         raise ValueError(f"{ref!r} is not NAME:VERSION (e.g. demo:v1)")
     return name, version
@@ -142,8 +142,6 @@ class ModelOut(ApiModel):
 
 
 def _check_engine_config(value: dict[str, Any]) -> dict[str, Any]:
-    import json
-
     if len(json.dumps(value)) > MAX_ENGINE_CONFIG_BYTES:
         raise ValueError(f"engine_config is larger than {MAX_ENGINE_CONFIG_BYTES} bytes")
     return value
