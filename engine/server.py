@@ -336,6 +336,14 @@ def create_app(state: ServerState) -> FastAPI:
         prompts = completion_prompts(body.prompt, served.tokenizer)
         if body.stream and len(prompts) != 1:
             raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
+        if len(prompts) > config.service.max_concurrent_requests:
+            # More prompts than batch slots would be refused as "queue full" forever.
+            raise ApiError(
+                400,
+                f"at most {config.service.max_concurrent_requests} prompts per request",
+                param="prompt",
+                code="invalid_value",
+            )
         params = sampling_params(body, config.model, body.max_tokens, None)
         for prompt in prompts:
             validate(served, params, prompt)

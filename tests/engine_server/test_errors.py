@@ -50,6 +50,8 @@ def completion(**fields: Any) -> dict[str, Any]:
         (completion(prompt=""), "prompt", "at least one token"),
         (completion(prompt=[]), "prompt", "empty"),
         (completion(prompt=[1, 99999]), "prompt", "token ids"),
+        (completion(prompt=["a", "b", "c", "d", "e"]), "prompt", "at most 4 prompts"),
+        (completion(prompt=["a", "b"], stream=True), "prompt", "exactly one prompt"),
         ({"prompt": "Hello"}, "model", "required"),
     ],
 )
