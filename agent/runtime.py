@@ -378,6 +378,10 @@ class Agent:
         for instance_id in [i for i in self._waiting if i not in wanted]:
             del self._waiting[instance_id]
         in_use = {d.model.digest for d in reply.instances}
+        with self._progress_lock:
+            # Progress of a version nobody wants any more is no longer news.
+            for digest in [d for d in self._progress if d not in in_use]:
+                del self._progress[digest]
         for instance_id in self.supervisor.instance_ids():
             running = self.supervisor.spec_of(instance_id)
             if running is not None:

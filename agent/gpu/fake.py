@@ -99,6 +99,25 @@ class FakeBackend:
         """Fault: the driver library goes away; every sample fails as NVML would."""
         self._nvml_loaded = False
 
+    def inject(self, faults: str) -> None:
+        """Apply faults written as text: `lost:1,ecc:0=3,no-nvml` (see `--fake-faults`)."""
+        for fault in (f.strip() for f in faults.split(",") if f.strip()):
+            kind, _, arg = fault.partition(":")
+            try:
+                if kind == "lost":
+                    self.lose_gpu(int(arg))
+                elif kind == "ecc":
+                    index, _, count = arg.partition("=")
+                    self.set_ecc_errors(int(index), int(count or 1))
+                elif kind == "no-nvml" and not arg:
+                    self.unload_nvml()
+                else:
+                    raise ValueError(kind)
+            except ValueError:
+                raise ValueError(
+                    f"fake fault {fault!r}: write lost:INDEX, ecc:INDEX=COUNT or no-nvml"
+                ) from None
+
     def sample(self) -> GpuSnapshot:
         """Current figures: idle baseline plus whatever the engines hold on each device."""
         if not self._nvml_loaded:

@@ -32,6 +32,9 @@ BACKEND_OPTION = typer.Option(
 FAKE_GPUS_OPTION = typer.Option(
     "2xH200", "--fake-gpus", help="Fake GPUs, e.g. 2xH200, 1xA100,1xL4."
 )
+FAKE_FAULTS_OPTION = typer.Option(
+    "", "--fake-faults", help="Faults for the fake GPUs: lost:INDEX, ecc:INDEX=COUNT, no-nvml."
+)
 
 
 def _data_dir(value: Path | None) -> Path:
@@ -40,8 +43,8 @@ def _data_dir(value: Path | None) -> Path:
     return (value or paths.data_dir()).expanduser().resolve()
 
 
-def _select(backend: str, fake_gpus: str) -> BackendSelection:
-    from agent.gpu import parse_spec, select_backend
+def _select(backend: str, fake_gpus: str, fake_faults: str = "") -> BackendSelection:
+    from agent.gpu import FakeBackend, parse_spec, select_backend
 
     if backend not in ("auto", "nvml", "fake"):
         fail(f"--gpu-backend {backend!r}: choose auto, nvml or fake", USAGE)
@@ -49,7 +52,15 @@ def _select(backend: str, fake_gpus: str) -> BackendSelection:
         parse_spec(fake_gpus)
     except ValueError as exc:
         fail(f"--fake-gpus: {exc}", USAGE)
-    return select_backend(backend, fake_gpus)  # type: ignore[arg-type]
+    selection = select_backend(backend, fake_gpus)  # type: ignore[arg-type]
+    if fake_faults:
+        if not isinstance(selection.backend, FakeBackend):
+            fail("--fake-faults: only the fake GPU backend takes injected faults", USAGE)
+        try:
+            selection.backend.inject(fake_faults)
+        except ValueError as exc:
+            fail(f"--fake-faults: {exc}", USAGE)
+    return selection
 
 
 def _port_range(text: str) -> tuple[int, int]:
@@ -95,6 +106,7 @@ def agent(
     data_dir: Path = DATA_DIR_OPTION,
     gpu_backend: str = BACKEND_OPTION,
     fake_gpus: str = FAKE_GPUS_OPTION,
+    fake_faults: str = FAKE_FAULTS_OPTION,
     ports: str = typer.Option("18000-18099", "--ports", help="Ports engines may use."),
     name: str = typer.Option(None, "--name", help="Host name in the fleet (default: hostname)."),
     label: list[str] = typer.Option([], "--label", help="KEY=VALUE host label (repeatable)."),
@@ -136,7 +148,7 @@ def agent(
         control_plane=control_plane,
         bootstrap_token=bootstrap_token,
         data_dir=_data_dir(data_dir),
-        selection=_select(gpu_backend, fake_gpus),
+        selection=_select(gpu_backend, fake_gpus, fake_faults),
         port_range=_port_range(ports),
         name=name,
         labels=_labels(label),
@@ -247,6 +259,7 @@ def preflight(
     data_dir: Path = DATA_DIR_OPTION,
     gpu_backend: str = BACKEND_OPTION,
     fake_gpus: str = FAKE_GPUS_OPTION,
+    fake_faults: str = FAKE_FAULTS_OPTION,
     expected_gpus: int = typer.Option(None, "--expected-gpus", help="GPUs this host must have."),
     min_driver: str = typer.Option("535.0", "--min-driver", help="Minimum NVIDIA driver."),
 ) -> None:
@@ -254,7 +267,7 @@ def preflight(
     from agent.gpu import na
     from agent.preflight import run_preflight
 
-    selection = _select(gpu_backend, fake_gpus)
+    selection = _select(gpu_backend, fake_gpus, fake_faults)
     report = run_preflight(
         selection, _preflight_config(_data_dir(data_dir), expected_gpus, min_driver)
     )

@@ -29,14 +29,18 @@ def test_preflight_json_on_fake_gpus_and_a_failing_expectation(tmp_path: Path) -
     assert {c["name"] for c in report["checks"]} >= {"nvml", "gpu_count", "disk", "torch"}
     assert report["gpus"][0]["name"] == "NVIDIA A100-SXM4-80GB"
     bad = dctl("agent", "preflight", "--gpu-backend", "fake", "--fake-gpus", "1xA100",
-               "--expected-gpus", "8", "--data-dir", str(tmp_path))  # fmt: skip
+               "--expected-gpus", "8", "--fake-faults", "ecc:0=2",
+               "--data-dir", str(tmp_path))  # fmt: skip
     assert bad.returncode == 1
     assert "1 GPU(s) visible, 8 expected" in bad.stdout
+    assert "uncorrectable ECC errors on GPU(s) {0: 2}" in bad.stdout
 
 
 def test_bad_flags_are_usage_errors_naming_the_flag(tmp_path: Path) -> None:
     result = dctl("agent", "preflight", "--gpu-backend", "fake", "--fake-gpus", "2xTPU")
     assert result.returncode == 2 and "--fake-gpus" in result.stderr
+    result = dctl("agent", "preflight", "--gpu-backend", "fake", "--fake-faults", "melt:0")
+    assert result.returncode == 2 and "lost:INDEX" in result.stderr
     result = dctl("agent", "--control-plane", "http://127.0.0.1:1", "--ports", "9-1",
                   "--allow-root", "--data-dir", str(tmp_path))  # fmt: skip
     assert result.returncode == 2 and "--ports" in result.stderr

@@ -199,3 +199,15 @@ def test_explicit_nvml_never_falls_back(tmp_path: Path) -> None:
     chosen = select_backend("nvml", pci_root=tmp_path, open_nvml=_no_nvml)
     assert chosen.backend is None
     assert "libnvidia-ml" in (chosen.error or "")
+
+
+def test_faults_written_as_text() -> None:
+    fake = FakeBackend("2xL4")
+    fake.inject("lost:1, ecc:0=4")
+    devices = fake.sample().devices
+    assert devices[1].health == "lost" and devices[0].ecc_uncorrected_errors == 4
+    fake.inject("no-nvml")
+    with pytest.raises(NvmlUnavailable):
+        fake.sample()
+    with pytest.raises(ValueError, match="lost:INDEX"):
+        fake.inject("lost:one")
