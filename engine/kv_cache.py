@@ -79,3 +79,44 @@ class KVCache:
             s = int(slots[0])
             return keys[s : s + 1, :, :length], values[s : s + 1, :, :length]
         return keys[slots, :, :length], values[slots, :, :length]
+
+    def check_call(
+        self,
+        n: int,
+        positions: torch.Tensor,
+        block: torch.Tensor,
+        slots: torch.Tensor | None,
+        cache_lens: torch.Tensor | None,
+        write_cache: bool,
+    ) -> int:
+        """Validates a forward's cache arguments (one host sync for all bounds).
+
+        Returns the longest cache_len of the call's rows.
+        """
+        if slots is None or cache_lens is None or slots.shape != (n,) or cache_lens.shape != (n,):
+            raise ValueError(
+                f"a cached call needs slots and cache_lens of shape ({n},), one per row"
+            )
+        if n == 0:
+            return 0
+        top_pos, top_slot, low_slot, top_len, low_len, low_block = torch.stack(
+            (
+                positions.max() if positions.numel() else positions.new_tensor(-1),
+                slots.max(),
+                slots.min(),
+                cache_lens.max(),
+                cache_lens.min(),
+                block.min(),
+            )
+        ).tolist()
+        if low_slot < 0 or top_slot >= self.num_slots:
+            raise ValueError(f"slots must be in [0, {self.num_slots}), got {low_slot}..{top_slot}")
+        reach = max(top_len, top_pos + 1) if write_cache else top_len
+        if low_len < 0 or reach > self.max_seq_len:
+            raise ValueError(
+                f"positions/cache_lens reach {reach} but the cache holds "
+                f"{self.max_seq_len} positions per slot"
+            )
+        if low_block < 1:
+            raise ValueError(f"block_size must be at least 1, got {low_block}")
+        return int(top_len)

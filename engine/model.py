@@ -255,43 +255,6 @@ def attention_mask(
     return torch.cat((prefix.expand(n, t, cached_len), own), dim=2).unsqueeze(1)
 
 
-def _check_cache_args(
-    cache: KVCache,
-    n: int,
-    positions: Tensor,
-    block: Tensor,
-    slots: Tensor | None,
-    cache_lens: Tensor | None,
-    write_cache: bool,
-) -> int:
-    """Validates a cached call (one host sync for all bounds); returns the longest cache_len."""
-    if slots is None or cache_lens is None or slots.shape != (n,) or cache_lens.shape != (n,):
-        raise ValueError(f"a cached call needs slots and cache_lens of shape ({n},), one per row")
-    if n == 0:
-        return 0
-    top_pos, top_slot, low_slot, top_len, low_len, low_block = torch.stack(
-        (
-            positions.max() if positions.numel() else positions.new_tensor(-1),
-            slots.max(),
-            slots.min(),
-            cache_lens.max(),
-            cache_lens.min(),
-            block.min(),
-        )
-    ).tolist()
-    if low_slot < 0 or top_slot >= cache.num_slots:
-        raise ValueError(f"slots must be in [0, {cache.num_slots}), got {low_slot}..{top_slot}")
-    reach = max(top_len, top_pos + 1) if write_cache else top_len
-    if low_len < 0 or reach > cache.max_seq_len:
-        raise ValueError(
-            f"positions/cache_lens reach {reach} but the cache holds "
-            f"{cache.max_seq_len} positions per slot"
-        )
-    if low_block < 1:
-        raise ValueError(f"block_size must be at least 1, got {low_block}")
-    return int(top_len)
-
-
 class Model(nn.Module):
     """Decoder-only LM: embeddings, decoder layers, final norm, LM head (tied or not)."""
 
@@ -435,9 +398,7 @@ class Model(nn.Module):
         )
         cached_len = 0
         if cache is not None:
-            cached_len = _check_cache_args(
-                cache, n, positions, block, slots, cache_lens, write_cache
-            )
+            cached_len = cache.check_call(n, positions, block, slots, cache_lens, write_cache)
         elif write_cache:
             raise ValueError("write_cache=True needs a cache")
         plain_causal = (
