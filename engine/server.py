@@ -215,26 +215,24 @@ def create_app(state: ServerState) -> FastAPI:
                 text.append(u.text_delta)
                 if u.finished:
                     reason, stats = u.finish_reason, u.stats
-        except TimeoutError:
-            raise ApiError(
-                504,
-                f"the request took longer than request_timeout_s="
-                f"{config.service.request_timeout_s:g}",
-                code="timeout",
-            ) from None
-        except ClientGone:
-            raise ApiError(499, "client closed the request", code="client_gone") from None
-        except EngineStopped:
-            raise ApiError(503, "aborted: the server shut down", code="draining") from None
-        except InvalidParams as exc:
-            raise params_error(exc) from None
-        except EngineError as exc:
-            raise ApiError(
-                503, f"the engine failed this request: {exc}", code="engine_error"
-            ) from None
+        except (TimeoutError, EngineError) as exc:
+            raise stream_error(exc) from None
         finally:
             watch.close()
         return "".join(text), reason, stats
+
+    def stream_error(exc: Exception) -> ApiError:
+        """What a request that failed after admission answers."""
+        if isinstance(exc, TimeoutError):
+            limit = config.service.request_timeout_s
+            return ApiError(504, f"the request took longer than {limit:g} s", code="timeout")
+        if isinstance(exc, ClientGone):
+            return ApiError(499, "the client closed the request", code="client_gone")
+        if isinstance(exc, EngineStopped):
+            return ApiError(503, "aborted: the server is shutting down", code="draining")
+        if isinstance(exc, InvalidParams):
+            return params_error(exc)
+        return ApiError(503, f"the engine failed this request: {exc}", code="engine_error")
 
     def usage_of(stats: Any, prompt_len: int, completion_tokens: int) -> Usage:
         prompt = stats.prompt_tokens if stats is not None else prompt_len
@@ -276,14 +274,9 @@ def create_app(state: ServerState) -> FastAPI:
                 return
             except (TimeoutError, EngineError) as exc:
                 # Headers are gone already: report in-band, in the OpenAI error shape.
-                err = (
-                    ApiError(504, "request timed out", code="timeout")
-                    if isinstance(exc, TimeoutError)
-                    else ApiError(
-                        503, f"the engine failed this request: {exc}", code="engine_error"
-                    )
-                )
-                metrics.record_error("timeout" if isinstance(exc, TimeoutError) else "engine_error")
+                err = stream_error(exc)
+                if err.metric_reason:
+                    metrics.record_error(err.metric_reason)
                 yield f"data: {json.dumps(err.body())}\n\n"
             finally:
                 watch.close()
