@@ -198,17 +198,19 @@ class DecoderLayer(nn.Module):
             else DenseMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
         )
 
-    def forward(self, x: Tensor, ctx: _Step) -> Tensor:
-        """x (N, T, hidden) -> (N, T, hidden)."""
+    def forward(self, x: Tensor, ctx: _Step, rows: Tensor | None = None) -> Tensor:
+        """x (N, T, hidden) -> (N, T, hidden); with `rows` (flat indices), only those rows
+        go through the MLP and (len(rows), hidden) comes back."""
         x = x + self.attn(self.attn_norm(x), ctx, self.index)
-        h = self.mlp_norm(x).view(-1, x.shape[-1])
+        x = x.view(-1, x.shape[-1]) if rows is None else x.view(-1, x.shape[-1])[rows]
+        h = self.mlp_norm(x)
         if isinstance(self.mlp, MoE):
             out, counts = self.mlp(h)
             if ctx.expert_counts is not None:
                 ctx.expert_counts[self.index] += counts
         else:
             out = self.mlp(h)
-        return x + out.view(x.shape)
+        return x + out
 
 
 class _Step:
@@ -346,7 +348,10 @@ class Model(nn.Module):
         self._track_experts = enabled
 
     def expert_token_counts(self) -> Tensor:
-        """(num_layers, num_experts) int64: tokens routed to each expert since tracking began."""
+        """(num_layers, num_experts) int64: tokens routed to each expert since tracking began.
+
+        The last layer routes only the rows whose logits were asked for (`logits_rows`).
+        """
         return self.expert_counts_total[:, : self.config.num_experts].clone().cpu()
 
     def forward(
@@ -418,11 +423,11 @@ class Model(nn.Module):
         ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
 
         x = self.embed(input_ids).to(dtype)
-        for layer in self.layers:
-            x = layer(x, ctx)
-        x = x.view(n * t, -1)
-        if logits_rows is not None:
-            # Norm and LM head only for the rows the caller samples from.
-            x = x[logits_rows]
+        *body, last = self.layers
+        for layer in body:
+            x = layer(x, ctx).view(n, t, -1)
+        # Every layer's keys and values cover all rows, but past the last attention only the
+        # rows the caller samples from matter: MLP, norm and LM head run for those alone.
+        x = last(x, ctx, logits_rows)
         logits = vocab_logits(self.norm(x), self.lm_head.weight).float()
         return logits if logits_rows is not None else logits.view(n, t, -1)
