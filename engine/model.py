@@ -143,11 +143,9 @@ class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
-        self.num_experts, self.top_k, self.norm_topk_prob = (
-            e,
-            cfg.num_experts_per_tok,
-            cfg.norm_topk_prob,
-        )
+        self.num_experts = e
+        self.top_k = cfg.num_experts_per_tok
+        self.norm_topk_prob = cfg.norm_topk_prob
         self.router = nn.Parameter(torch.empty(e, h, dtype=dtype, device=device))
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
