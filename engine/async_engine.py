@@ -169,11 +169,14 @@ class AsyncEngine:
                     next_check = now + POLL_S
                     if await client_gone():
                         raise ClientGone(request_id)
-                wait = POLL_S if deadline is None else min(POLL_S, deadline - now)
-                try:
-                    item = await asyncio.wait_for(updates.get(), wait)
-                except TimeoutError:
-                    continue
+                if updates.empty():
+                    wait = POLL_S if deadline is None else min(POLL_S, deadline - now)
+                    try:
+                        item = await asyncio.wait_for(updates.get(), wait)
+                    except TimeoutError:
+                        continue
+                else:
+                    item = updates.get_nowait()  # no timer task when an update is waiting
                 if isinstance(item, RequestFailed):
                     finished = True
                     raise item.error
