@@ -7,6 +7,8 @@ cache and wants logits of its still-masked rows only (`logits_rows`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -211,29 +213,19 @@ class DecoderLayer(nn.Module):
         return x + out
 
 
+@dataclass
 class _Step:
     """What every layer of one forward shares: rotary tables, the mask, the cache binding."""
 
-    def __init__(
-        self,
-        cos: Tensor,
-        sin: Tensor,
-        mask: Tensor | None,
-        positions: Tensor,
-        cache: KVCache | None,
-        slots: Tensor | None,
-        cached_len: int,
-        write_cache: bool,
-        expert_counts: Tensor | None,
-    ) -> None:
-        self.cos, self.sin, self.mask, self.positions = cos, sin, mask, positions
-        self.cache, self.slots, self.cached_len, self.write_cache = (
-            cache,
-            slots,
-            cached_len,
-            write_cache,
-        )
-        self.expert_counts = expert_counts
+    cos: Tensor
+    sin: Tensor
+    mask: Tensor | None
+    positions: Tensor
+    cache: KVCache | None
+    slots: Tensor | None
+    cached_len: int
+    write_cache: bool
+    expert_counts: Tensor | None
 
 
 def attention_mask(
@@ -249,9 +241,8 @@ def attention_mask(
     if cached_len == 0 or cache_lens is None:
         return own.unsqueeze(1)
     n, t = positions.shape
-    prefix = torch.arange(cached_len, device=positions.device).view(1, 1, -1) < cache_lens.view(
-        -1, 1, 1
-    )
+    keys = torch.arange(cached_len, device=positions.device).view(1, 1, -1)
+    prefix = keys < cache_lens.view(-1, 1, 1)
     return torch.cat((prefix.expand(n, t, cached_len), own), dim=2).unsqueeze(1)
 
 
