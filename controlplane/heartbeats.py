@@ -7,6 +7,7 @@ of metric samples. Desired state is rebuilt only when the host's generation move
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -137,6 +138,12 @@ class HeartbeatService:
         self._on_heartbeat = on_heartbeat
         self._caches: dict[int, _HostCache] = {}
         self._sql = _Statements(engine.dialect.name)
+        # SQLite has one writer at a time and its busy handler waits by sleeping (1, 2, 5, 10,
+        # ... ms), which turns contention into long tails. Queue heartbeat writes on a lock
+        # instead: a waiting thread wakes the moment the previous write commits.
+        self._write_lock: contextlib.AbstractContextManager[Any] = (
+            threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
+        )
         self._lock = threading.Lock()
 
     def _cache(self, host_id: int) -> _HostCache:
@@ -157,7 +164,8 @@ class HeartbeatService:
         now = self._clock()
         cache = self._cache(host_id)
         try:
-            row = self._record(host_id, beat, cache, now)
+            with self._write_lock:
+                row = self._record(host_id, beat, cache, now)
         except BaseException:
             # The transaction rolled back: what the cache says was written may not be.
             self.forget(host_id)
