@@ -310,9 +310,8 @@ def load_model(
     stored = headers["model.embed_tokens.weight"].dtype
     target_dtype = resolve_dtype(dtype, _SAFETENSORS_DTYPES.get(stored, cfg.torch_dtype))
     # Built on the meta device so no time goes into random init of weights about to be loaded.
-    model = Model(cfg, dtype=target_dtype, device="meta", compute_dtype=compute_dtype).materialize(
-        device
-    )
+    model = Model(cfg, dtype=target_dtype, device="meta", compute_dtype=compute_dtype)
+    model.materialize(device)
     params = dict(model.named_parameters())
     covered: dict[str, int] = defaultdict(int)
     for target in chosen.values():
@@ -336,8 +335,6 @@ def load_model(
                         param = params[target.param]
                         dest = param[target.index] if target.index else param
                         dest.copy_(reader.get_tensor(name))
-            except CheckpointError:
-                raise
             except Exception as exc:
                 # safetensors raises its own error types for damaged files; name the file.
                 raise CheckpointError(
