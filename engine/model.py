@@ -319,19 +319,6 @@ class Model(nn.Module):
         """Device of the weights."""
         return self.embed.weight.device
 
-    def init_random(self, seed: int = 0, std: float = 0.02) -> Model:
-        """Fills the weights with N(0, std) (norms with 1): for tests and benchmarks."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("norm.weight"):
-                    p.fill_(1.0)
-                elif name.endswith("bias"):
-                    p.zero_()
-                else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * std)
-        return self
-
     def track_experts(self, enabled: bool = True) -> None:
         """Turns cumulative per-expert token counting on or off."""
         self._track_experts = enabled
