@@ -2,8 +2,9 @@
 
 Each `step()` is one scheduling iteration: admit waiting requests into free cache slots,
 prefill a budget of prompt chunks, then one forward per block size that carries every running
-request's current block (a denoising step, or the commit of a finished block). Requests that
-finish leave at once and free their slot for the next iteration.
+request's current block: a denoising step, fused with the commit of the previous block when that
+one just finished (rows of width 2B then go in their own forward). Requests that finish leave
+at once and free their slot for the next iteration.
 """
 
 from __future__ import annotations
@@ -177,16 +178,15 @@ class EngineCore:
                     request.phase = Phase.DECODE
                     request.start_block(self.mask_token_id)
 
-        by_block: dict[int, list[Request]] = defaultdict(list)
+        # Rows of one forward share a width: B, or 2B when they also commit their last block.
+        by_shape: dict[tuple[int, bool], list[Request]] = defaultdict(list)
         for request in self.scheduler.decoding():
-            by_block[request.block_size].append(request)
-        for group in by_block.values():
+            by_shape[(request.block_size, request.pending_commit is not None)].append(request)
+        for group in by_shape.values():
             outcome = self.runner.decode(group)
             stats.forwards += 1
             stats.tokens_unmasked += outcome.tokens_unmasked
             participants.update(r.request_id for r in group)
-            for request in outcome.committed:
-                request.start_block(self.mask_token_id)
             for request in outcome.denoised:
                 update = self._after_denoise(request)
                 if update is not None:
@@ -214,9 +214,9 @@ class EngineCore:
         if block_done or finish is not None:
             request.steps_per_block.append(request.step_in_block)
         if finish is None:
-            request.needs_commit = True
             new = known[len(request.generated) :]
             request.generated = known
+            request.finish_block(self.mask_token_id)
             return self._update(request, new, finished=False, reason=None)
         final = known[: finish.num_tokens]
         new = final[len(request.generated) :]

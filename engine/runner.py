@@ -2,12 +2,19 @@
 
 Commit rule. The keys/values of a block's last denoising step are NOT final: with block-causal
 attention every position of the block attends to the whole block, and at that step some
-positions still held the mask token. So a finished block is committed with one extra forward of
-its final tokens (`write_cache=True`, no logits). That commit rides in the same forward as the
-other requests' denoising steps of the same block size: their rows also write K/V, but only at
-positions >= their `cache_lens`, which are never read and which their own commit overwrites.
-(Fusing the commit with the same request's next first step would save one forward per block
-but needs 2B-wide rows; not done.)
+positions still held the mask token. So a finished block needs one more forward of its final
+tokens with `write_cache=True`. We fuse that forward with the first denoising step of the next
+block: the row is [final block | new block, all masked] (2B wide) at positions
+committed .. committed + 2B. This is exact, not an approximation:
+- the final block's queries see only the cache and their own block (block-causal: key block <=
+  query block), never the new block, so every layer computes the same hidden states and K/V
+  as a separate commit forward would, and those are what gets written;
+- the new block's queries see the cache plus the final block's keys/values of this same call,
+  which are those values — the same as reading them back from the cache after a separate commit.
+The row also writes K/V of the still-masked new block at positions >= the new committed length;
+they are never read (reads stop at `cache_lens`) and the block's own commit overwrites them.
+The fused row stays within the slot: an unfinished request always has a next block inside its
+padded length, which admission checked against `max_seq_len`. One forward per block saved.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from engine.scheduler import PrefillChunk, Request
 
 @dataclass
 class DecodeOutcome:
-    """What one decoding forward did: committed requests, and tokens unmasked per request."""
+    """What one decoding forward did: requests whose previous block it committed, requests it
+    denoised, and how many tokens it unmasked."""
 
     committed: list[Request]
     denoised: list[Request]
@@ -63,7 +71,9 @@ class ModelRunner:
             slots=self._long([c.request.slot for c in chunks]),
             cache_lens=starts,
             write_cache=True,
-            logits_rows=self._long([]),
+            # Prefill needs no logits at all; one row per chunk (its last position) keeps the
+            # LM head negligible while every layer still sees a non-empty row set.
+            logits_rows=self._long([(i + 1) * length - 1 for i in range(len(chunks))]),
         )
         for chunk in chunks:
             chunk.request.committed += length
@@ -71,41 +81,44 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, requests: Sequence[Request]) -> DecodeOutcome:
-        """One forward for requests with the same block size: commits and denoising steps.
+        """One denoising step for requests with the same block size and commit state.
 
-        Denoising rows get logits only for their masked positions; a token is chosen and scored
+        Either none or all of `requests` carry a finished previous block to commit (rows B or
+        2B wide). Logits are computed only for masked positions; a token is chosen and scored
         for each, and the unmasking rules decide which become final.
         """
         block = requests[0].block_size
-        tokens = torch.stack([r.block_tokens for r in requests])
+        fused = requests[0].pending_commit is not None
+        current = torch.stack([r.block_tokens for r in requests])
         masked = torch.stack([r.block_masked for r in requests])
+        if fused:
+            final = torch.stack([r.pending_commit for r in requests])
+            current = torch.cat([final, current], dim=1)
+            masked = torch.cat([torch.zeros_like(masked), masked], dim=1)
+        width = current.shape[1]
+        tokens = current.to(self.device)
         starts = self._long([r.committed for r in requests])
-        committing = [r for r in requests if r.needs_commit]
-        denoising = [r for r in requests if not r.needs_commit]
-        flat_rows = masked.flatten().nonzero().squeeze(1)
         logits = self.model(
-            tokens.to(self.device),
-            starts[:, None] + torch.arange(block, device=self.device),
+            tokens,
+            starts[:, None] + torch.arange(width, device=self.device),
             block_size=block,
             cache=self.cache,
             slots=self._long([r.slot for r in requests]),
             cache_lens=starts,
-            write_cache=bool(committing),
-            logits_rows=flat_rows.to(self.device),
+            write_cache=fused,
+            logits_rows=masked.flatten().nonzero().squeeze(1).to(self.device),
         )
+        committed = list(requests) if fused else []
         for request in requests:
             request.forwards += 1
-        for request in committing:
-            request.committed += block
-        if not denoising:
-            return DecodeOutcome(committing, [], 0)
+            if fused:
+                request.committed += block
+                request.pending_commit = None
 
-        # Rows of `logits` follow the flattened (request, position) order of masked positions;
-        # committing rows have no masked positions, so they contribute no rows.
-        rows_per_request = masked.sum(dim=1).tolist()
+        # Rows of `logits` follow the flattened (request, position) order of masked positions.
         chosen, confidence = choose_tokens(
             logits,
-            rows_per_request,
+            masked.sum(dim=1).tolist(),
             [r.sampler for r in requests],
             mask_token_id=self.mask_token_id,
             vocab_limit=self.vocab_limit,
@@ -113,19 +126,19 @@ class ModelRunner:
         masked_dev = masked.to(self.device)
         full_conf = torch.full(masked.shape, NOT_MASKED, device=self.device)
         full_conf[masked_dev] = confidence
-        full_tokens = tokens.to(self.device).clone()
+        full_tokens = tokens.clone()
         full_tokens[masked_dev] = chosen
-        counts = self._unmask_counts(requests, full_conf, masked_dev)
-        accept = most_confident(full_conf, counts) & masked_dev
-        new_tokens = torch.where(accept, full_tokens, tokens.to(self.device)).cpu()
+        # Only the current block (the last `block` columns) has masked positions.
+        block_conf, block_masked = full_conf[:, -block:], masked_dev[:, -block:]
+        counts = self._unmask_counts(requests, block_conf, block_masked)
+        accept = most_confident(block_conf, counts) & block_masked
+        new_tokens = torch.where(accept, full_tokens[:, -block:], tokens[:, -block:]).cpu()
         accept_cpu = accept.cpu()
         for i, request in enumerate(requests):
-            if request.needs_commit:
-                continue
             request.block_tokens = new_tokens[i]
             request.block_masked = request.block_masked & ~accept_cpu[i]
             request.step_in_block += 1
-        return DecodeOutcome(committing, denoising, int(accept_cpu.sum()))
+        return DecodeOutcome(committed, list(requests), int(accept_cpu.sum()))
 
     def _unmask_counts(
         self, requests: Sequence[Request], confidence: torch.Tensor, masked: torch.Tensor

@@ -9,7 +9,8 @@ memory with long ones; with block-sized writes and bounded sequences the simpler
 enough for now.)
 
 A request's life: WAITING -> PREFILL (full prompt blocks written to the cache, in chunks) ->
-DECODE (current block: denoising steps, then one commit forward) -> finished (slot freed at once).
+DECODE (current block: denoising steps; a finished block is committed by the first step of the
+next one, see engine/runner.py) -> finished (slot freed at once).
 """
 
 from __future__ import annotations
@@ -46,18 +47,19 @@ class Request:
     phase: Phase = Phase.WAITING
     slot: int = -1
     committed: int = 0  # positions [0, committed) of the slot hold final K/V
-    # The current block (positions committed .. committed + block_size), kept on the CPU.
+    # Final tokens of the previous block, fully unmasked but not yet in the cache (or None).
+    # The current block starts right after them, at `block_start`.
+    pending_commit: torch.Tensor | None = None
+    # The current block (positions block_start .. block_start + block_size), kept on the CPU.
     block_tokens: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
     block_masked: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
     masked_at_block_start: int = 0
     step_in_block: int = 0
-    needs_commit: bool = False  # block fully unmasked; its final K/V are not in the cache yet
     generated: list[int] = field(default_factory=list)  # tokens of committed/emitted blocks
     emitted_text: str = ""
     forwards: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     first_block_at: float | None = None
-    aborted: bool = False
 
     @property
     def prompt_len(self) -> int:
@@ -69,24 +71,33 @@ class Request:
         """Prompt positions that go to the cache before decoding: the full prompt blocks."""
         return self.prompt_len // self.block_size * self.block_size
 
+    @property
+    def block_start(self) -> int:
+        """Absolute position of the current block's first token."""
+        return self.committed + (0 if self.pending_commit is None else self.block_size)
+
     def start_block(self, mask_token_id: int) -> None:
-        """Open the block at `committed`: prompt tail kept, every other position masked."""
-        width = self.block_size
+        """Open the block at `block_start`: prompt tail kept, every other position masked."""
+        width, start = self.block_size, self.block_start
         tokens = torch.full((width,), mask_token_id, dtype=torch.long)
-        prompt_part = max(0, min(width, self.prompt_len - self.committed))
+        prompt_part = max(0, min(width, self.prompt_len - start))
         if prompt_part:
-            tail = self.prompt_ids[self.committed : self.committed + prompt_part]
+            tail = self.prompt_ids[start : start + prompt_part]
             tokens[:prompt_part] = torch.tensor(tail, dtype=torch.long)
         masked = torch.ones(width, dtype=torch.bool)
         masked[:prompt_part] = False
         self.block_tokens, self.block_masked = tokens, masked
         self.masked_at_block_start = width - prompt_part
         self.step_in_block = 0
-        self.needs_commit = False
+
+    def finish_block(self, mask_token_id: int) -> None:
+        """The current block is fully unmasked: queue it for commit and open the next one."""
+        self.pending_commit = self.block_tokens
+        self.start_block(mask_token_id)
 
     def block_generated(self) -> list[int]:
         """The generated part of the current block up to its first masked position."""
-        start = max(0, self.prompt_len - self.committed)
+        start = max(0, self.prompt_len - self.block_start)
         masked = self.block_masked[start:].nonzero()
         end = start + (int(masked[0, 0]) if masked.numel() else self.block_size - start)
         return self.block_tokens[start:end].tolist()
