@@ -1,8 +1,9 @@
 """The heartbeat hot path: record what an agent observed, answer with its desired state.
 
-Kept to a few statements per heartbeat: one read of the host row, one update of it, one batched
-update of instances whose observed state changed, and (once per 10 s bucket) one batched insert
-of metric samples. Desired state is rebuilt only when the host's generation moved.
+Kept to one statement per heartbeat in the steady state: an UPDATE ... RETURNING of the host
+row. Instances are written only when their observed state changed, GPUs only when the set
+changed, facts only when they changed, metric samples once per 10 s bucket; the desired state
+is rebuilt (and its JSON cached) only when the host's generation moved.
 """
 
 from __future__ import annotations
@@ -21,16 +22,9 @@ from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
-from controlplane.models import (
-    Deployment,
-    Event,
-    Gpu,
-    Instance,
-    MetricSample,
-    Model,
-    UTCDateTime,
-)
+from controlplane.models import Deployment, Event, Gpu, Instance, Model, UTCDateTime
 from controlplane.models import ModelVersion as VersionRow
+from controlplane.samples import HostSampleBucket
 from controlplane.wire import (
     DesiredInstance,
     GpuStatus,
@@ -40,9 +34,6 @@ from controlplane.wire import (
     MemoryPlan,
     ModelVersionRef,
 )
-
-SAMPLE_BUCKET_S = 10
-GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
 
 
 class _Statements:
@@ -103,14 +94,12 @@ class UnknownHostError(LookupError):
 class _HostCache:
     """What this process remembers about a host to skip writes that would change nothing."""
 
+    samples: HostSampleBucket
+
     facts_json: str = ""
     last_seen: datetime | None = None
     gpu_fingerprint: int = 0
-    last_gpus: list[GpuStatus] = field(default_factory=list)
     observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
-    bucket: int = -1
-    counters: dict[tuple[int, str], float] = field(default_factory=dict)
-    gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
     desired_generation: int = -1
     desired_json: bytes = b"[]"
 
@@ -148,7 +137,10 @@ class HeartbeatService:
 
     def _cache(self, host_id: int) -> _HostCache:
         with self._lock:
-            return self._caches.setdefault(host_id, _HostCache())
+            cache = self._caches.get(host_id)
+            if cache is None:
+                cache = self._caches[host_id] = _HostCache(HostSampleBucket(host_id))
+            return cache
 
     def forget(self, host_id: int) -> None:
         """Drop what is cached about a host (it was removed or re-registered)."""
@@ -223,7 +215,7 @@ class HeartbeatService:
                 )
             self._record_gpus(conn, host_id, beat, cache)
             self._record_instances(conn, host_id, row.name, beat, cache, now)
-            self._record_samples(conn, host_id, beat, cache, now)
+            cache.samples.add(conn, beat, now)
         cache.facts_json = facts
         return row
 
@@ -330,57 +322,6 @@ class HeartbeatService:
             )
         if events:
             conn.execute(insert(Event), events)
-
-    def _record_samples(
-        self, conn: Connection, host_id: int, beat: Heartbeat, cache: _HostCache, now: datetime
-    ) -> None:
-        """Accumulate into the current 10 s bucket; write a bucket once, when it closes.
-
-        Counters are summed deltas over the bucket; gauges and GPU readings are the last value
-        seen in it. Rows carry the bucket's start time.
-        """
-        bucket = int(now.timestamp()) // SAMPLE_BUCKET_S
-        if cache.bucket == -1:
-            cache.bucket = bucket
-        if bucket != cache.bucket:
-            self._flush_bucket(conn, host_id, cache, now)
-            cache.bucket = bucket
-        cache.last_gpus = beat.gpus
-        for metrics in beat.metrics:
-            for name, delta in metrics.counters.items():
-                key = (metrics.instance_id, name[:128])
-                cache.counters[key] = cache.counters.get(key, 0.0) + delta
-            for name, value in metrics.gauges.items():
-                cache.gauges[(metrics.instance_id, name[:128])] = value
-
-    def _flush_bucket(
-        self, conn: Connection, host_id: int, cache: _HostCache, now: datetime
-    ) -> None:
-        bucket_time = datetime.fromtimestamp(cache.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
-        for gpu in cache.last_gpus:
-            for series in GPU_SERIES:
-                value = getattr(gpu, series)
-                if value is not None:
-                    cache.gauges[(None, f"gpu{gpu.index}.{series}")] = float(value)
-        own = set(
-            conn.execute(select(col(Instance.id)).where(col(Instance.host_id) == host_id)).scalars()
-        )
-        rows = [
-            {
-                "host_id": host_id,
-                "instance_id": instance_id,
-                "name": name,
-                "time": bucket_time,
-                "value": value,
-            }
-            for (instance_id, name), value in [*cache.counters.items(), *cache.gauges.items()]
-            # Metrics of instances that are not (or no longer) this host's are dropped.
-            if instance_id is None or instance_id in own
-        ]
-        if rows:
-            conn.execute(insert(MetricSample), rows)
-        cache.counters.clear()
-        cache.gauges.clear()
 
     def _desired_instances(self, host_id: int, files_base_url: str) -> list[DesiredInstance]:
         with self._engine.connect() as conn:

@@ -1,0 +1,77 @@
+"""Downsampling of heartbeat metrics into MetricSample rows: one row per series per 10 s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import insert, select
+from sqlalchemy.engine import Connection
+from sqlmodel import col
+
+from controlplane.models import Instance, MetricSample
+from controlplane.wire import GpuStatus, Heartbeat
+
+SAMPLE_BUCKET_S = 10
+GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
+MAX_NAME = 128
+
+
+@dataclass
+class HostSampleBucket:
+    """The open 10 s bucket of one host, accumulated in memory and written when it closes.
+
+    Counters are summed deltas over the bucket; gauges and GPU readings are the last value
+    seen in it. Rows carry the bucket's start time.
+    """
+
+    host_id: int
+    bucket: int = -1
+    last_gpus: list[GpuStatus] = field(default_factory=list)
+    counters: dict[tuple[int, str], float] = field(default_factory=dict)
+    gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
+
+    def add(self, conn: Connection, beat: Heartbeat, now: datetime) -> None:
+        """Fold a heartbeat in; first write the previous bucket if `now` starts a new one."""
+        bucket = int(now.timestamp()) // SAMPLE_BUCKET_S
+        if self.bucket == -1:
+            self.bucket = bucket
+        if bucket != self.bucket:
+            self._flush(conn, now)
+            self.bucket = bucket
+        self.last_gpus = beat.gpus
+        for metrics in beat.metrics:
+            for name, delta in metrics.counters.items():
+                key = (metrics.instance_id, name[:MAX_NAME])
+                self.counters[key] = self.counters.get(key, 0.0) + delta
+            for name, value in metrics.gauges.items():
+                self.gauges[(metrics.instance_id, name[:MAX_NAME])] = value
+
+    def _flush(self, conn: Connection, now: datetime) -> None:
+        bucket_time = datetime.fromtimestamp(self.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)
+        for gpu in self.last_gpus:
+            for series in GPU_SERIES:
+                value = getattr(gpu, series)
+                if value is not None:
+                    self.gauges[(None, f"gpu{gpu.index}.{series}")] = float(value)
+        own = set(
+            conn.execute(
+                select(col(Instance.id)).where(col(Instance.host_id) == self.host_id)
+            ).scalars()
+        )
+        rows = [
+            {
+                "host_id": self.host_id,
+                "instance_id": instance_id,
+                "name": name,
+                "time": bucket_time,
+                "value": value,
+            }
+            for (instance_id, name), value in [*self.counters.items(), *self.gauges.items()]
+            # Metrics of instances that are not (or no longer) this host's are dropped.
+            if instance_id is None or instance_id in own
+        ]
+        if rows:
+            conn.execute(insert(MetricSample), rows)
+        self.counters.clear()
+        self.gauges.clear()
