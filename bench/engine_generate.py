@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -159,11 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         f"engine generate vs transformers: {'smoke' if args.smoke else 'benchmark'} config, "
         f"{args.prompt}-token prompts, {args.new} new tokens, {args.threads} threads, one run"
     )
+    # Wall-clock figures on a shared machine depend on what else runs; say how busy it was.
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     with tempfile.TemporaryDirectory() as tmp:
         build_checkpoint(config, Path(tmp))
         for name in args.dtypes.split(","):
             run_dtype(Path(tmp), name, dtypes[name], args)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
