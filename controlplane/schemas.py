@@ -87,6 +87,14 @@ class HostOut(ApiModel):
     instances: list[InstanceOut] | None = None
 
 
+class SeriesOut(ApiModel):
+    """One downsampled metric series of a host (`instance_id` None) or one of its instances."""
+
+    name: str
+    instance_id: int | None
+    points: list[tuple[datetime, float]]
+
+
 # --- models ------------------------------------------------------------------------------------
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 from sqlmodel import Session, col, select
 
 from controlplane.api.deps import Admin, ContextDep, Operator, SessionDep, Viewer
 from controlplane.api.errors import ApiError, not_found
 from controlplane.api.views import host_out, instances_out
 from controlplane.eventlog import record_event
-from controlplane.models import Host, Instance
+from controlplane.models import Host, Instance, MetricSample
 from controlplane.placement import reconcile_host
-from controlplane.schemas import HostOut
+from controlplane.schemas import HostOut, SeriesOut
 from controlplane.wire import HostState
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
@@ -39,6 +42,39 @@ def show_host(name: str, session: SessionDep, _who: Viewer) -> HostOut:
     """One host with its GPUs, latest samples and instances."""
     host = get_host(session, name)
     return host_out(host, instances_out(session, col(Instance.host_id) == host.id))
+
+
+@router.get("/{name}/samples", response_model=list[SeriesOut])
+def host_samples(
+    name: str,
+    session: SessionDep,
+    ctx: ContextDep,
+    _who: Viewer,
+    series: Annotated[
+        str | None, Query(max_length=128, description="exact name or prefix.*")
+    ] = None,
+    minutes: Annotated[int, Query(ge=1, le=24 * 60)] = 15,
+) -> list[SeriesOut]:
+    """Downsampled history (10 s points) of the host's GPU and instance series, oldest first."""
+    host = get_host(session, name)
+    query = select(MetricSample).where(
+        MetricSample.host_id == host.id,
+        col(MetricSample.time) >= ctx.clock() - timedelta(minutes=minutes),
+    )
+    if series:
+        if series.endswith(".*"):
+            query = query.where(col(MetricSample.name).startswith(series[:-1]))
+        else:
+            query = query.where(MetricSample.name == series)
+    grouped: dict[tuple[str, int | None], list[tuple[datetime, float]]] = {}
+    for sample in session.exec(query.order_by(col(MetricSample.time))).all():
+        grouped.setdefault((sample.name, sample.instance_id), []).append(
+            (sample.time, sample.value)
+        )
+    return [
+        SeriesOut(name=key[0], instance_id=key[1], points=points)
+        for key, points in sorted(grouped.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0))
+    ]
 
 
 def _set_draining(

@@ -147,6 +147,15 @@ def test_metric_samples_are_downsampled_to_one_row_per_series_per_10s(api: Api) 
     # Counter deltas are summed per bucket: 3 + 4 + 4 closed, the 12th is in the open bucket.
     assert by_name["requests"] == (3, 11.0)
     assert by_name["queue_depth"] == (3, 9.0)
+    history = api.as_admin(
+        "GET", "/api/v1/hosts/gpu-1/samples", params={"series": "gpu0.*", "minutes": 60}
+    ).json()
+    assert [s["name"] for s in history] == [
+        "gpu0.memory_used_bytes", "gpu0.power_w", "gpu0.temperature_c", "gpu0.utilization_percent"
+    ]  # fmt: skip
+    times = [p[0] for p in history[0]["points"]]
+    assert len(times) == 3 and times == sorted(times)
+    assert history[3]["points"][0][1] == 40.0
 
 
 def test_metrics_endpoint_counts_requests_by_route(api: Api) -> None:

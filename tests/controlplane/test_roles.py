@@ -19,6 +19,7 @@ V = "/api/v1"
 EXPECTED: dict[tuple[str, str], Roles] = {
     ("GET", f"{V}/hosts"): READ,
     ("GET", f"{V}/hosts/{{name}}"): READ,
+    ("GET", f"{V}/hosts/{{name}}/samples"): READ,
     ("POST", f"{V}/hosts/{{name}}/drain"): OPERATE,
     ("POST", f"{V}/hosts/{{name}}/undrain"): OPERATE,
     ("DELETE", f"{V}/hosts/{{name}}"): ADMIN,
