@@ -96,6 +96,15 @@ def install_error_handlers(app: FastAPI) -> None:
             status_code=422,
         )
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # A bug, not the client's fault: JSON like every other error, details in the log only.
+        log.error("unhandled error", exc_info=exc)
+        return JSONResponse(
+            _body("internal", "internal error in the control plane: see its log"),
+            status_code=500,
+        )
+
     @app.exception_handler(OperationalError)
     async def _operational(_request: Request, exc: OperationalError) -> JSONResponse:
         log.warning("database unavailable: %s", exc.orig)

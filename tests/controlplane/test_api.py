@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+from fastapi.testclient import TestClient
+
 from controlplane.wire import Manifest
 from tests.controlplane.conftest import Api, deploy, manifest, register_version
 
@@ -202,3 +205,14 @@ def test_health_endpoints_and_openapi(api: Api) -> None:
               "agents/heartbeat"]  # fmt: skip
     for path in wanted:
         assert f"/api/v1/{path}" in paths
+
+
+def test_an_unexpected_error_is_still_json(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_args: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("controlplane.api.health.ping", broken)
+    client = TestClient(api.app, raise_server_exceptions=False)
+    response = client.get("/readyz")
+    assert response.status_code == 500
+    assert response.json()["error"] == "internal" and "boom" not in response.text
