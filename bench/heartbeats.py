@@ -127,6 +127,21 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / CLK_TCK
 
 
+def database_cpu_seconds(database: str | None) -> float:
+    """CPU seconds of the PostgreSQL backends serving DATABASE (their titles name it)."""
+    if database is None:
+        return 0.0
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with suppress(OSError):
+            title = (proc / "cmdline").read_bytes()
+            if title.startswith(b"postgres: ") and f" {database} ".encode() in title:
+                total += cpu_seconds(int(proc.name))
+    return total
+
+
 @dataclass
 class RunningServer:
     """A `dctl server` subprocess and the admin token it printed on first start."""
@@ -134,6 +149,7 @@ class RunningServer:
     url: str
     proc: subprocess.Popen[bytes]
     admin_token: str
+    database: str | None = None  # PostgreSQL database name, whose backends' CPU is counted
 
 
 @contextmanager
@@ -169,7 +185,8 @@ def dctl_server(db_url: str, home: Path) -> Iterator[RunningServer]:
         match = re.search(r"admin token \(shown only this once\): (\S+)", out.read_text())
         if not match:
             raise SystemExit("dctl server printed no admin token on first start")
-        yield RunningServer(url, proc, match.group(1))
+        database = db_url.rsplit("/", 1)[1] if db_url.startswith("postgresql") else None
+        yield RunningServer(url, proc, match.group(1), database)
     finally:
         proc.terminate()
         try:
@@ -212,6 +229,7 @@ class Phase:
     seconds: float
     latencies_ms: list[float]
     server_cpu_s: float
+    database_cpu_s: float
     client_cpu_s: float
 
     @property
@@ -237,7 +255,13 @@ class Phase:
             f"p50 {self.percentile(50):6.1f} ms  p99 {self.percentile(99):6.1f} ms  "
             f"errors {self.errors}  server CPU {100 * self.server_cpu_s / self.seconds:4.0f}% "
             f"({self.per_heartbeat_ms(self.server_cpu_s):.1f} ms/hb)  "
-            f"load-gen CPU {100 * self.client_cpu_s / self.seconds:4.0f}% "
+            + (
+                f"PostgreSQL CPU {100 * self.database_cpu_s / self.seconds:4.0f}% "
+                f"({self.per_heartbeat_ms(self.database_cpu_s):.1f} ms/hb)  "
+                if self.database_cpu_s
+                else ""
+            )
+            + f"load-gen CPU {100 * self.client_cpu_s / self.seconds:4.0f}% "
             f"({self.per_heartbeat_ms(self.client_cpu_s):.1f} ms/hb)"
         )
 
@@ -309,7 +333,7 @@ async def run_phase(
             while True:
                 now = time.perf_counter()
                 if due > now:
-                    await asyncio.sleep(due - now)
+                    await asyncio.sleep(min(due, stop) - now)
                 if time.perf_counter() >= stop:
                     return
                 sent_at = time.perf_counter()
@@ -327,6 +351,7 @@ async def run_phase(
             await conn.close()
 
     server_cpu, client_cpu = cpu_seconds(server.proc.pid), time.process_time()
+    database_cpu = database_cpu_seconds(server.database)
     await asyncio.gather(*(agent(t, b) for t, b in zip(tokens, bodies, strict=True)))
     elapsed = time.perf_counter() - start
     return Phase(
@@ -336,6 +361,7 @@ async def run_phase(
         seconds=elapsed,
         latencies_ms=latencies,
         server_cpu_s=cpu_seconds(server.proc.pid) - server_cpu,
+        database_cpu_s=database_cpu_seconds(server.database) - database_cpu,
         client_cpu_s=time.process_time() - client_cpu,
     )
 
@@ -410,10 +436,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--agents", type=int, default=250, help="simulated hosts")
     parser.add_argument(
-        "--rates", type=float, nargs="+", default=[500.0, 1000.0], help="open-loop targets, hb/s"
+        "--rates",
+        type=float,
+        nargs="+",
+        default=[100.0, 250.0, 500.0, 1000.0],
+        help="open-loop targets, hb/s",
     )
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop agents")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds per phase")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
     parser.add_argument("--smoke", action="store_true", help="a few seconds, for the test suite")
