@@ -60,11 +60,13 @@ def get_session(ctx: ContextDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _authenticate(ctx: AppContext, secret: str, now: datetime) -> Principal:
+def _authenticate(ctx: AppContext, secret: str, now: datetime, roles: frozenset[Role]) -> Principal:
     with session_scope(ctx.engine) as session:
         principal = authenticate(session, secret, now)
-        # Bootstrap tokens spend a use only when a registration commits.
-        if principal.limited_uses and principal.role != Role.BOOTSTRAP:
+        # A refused request spends no use; bootstrap tokens spend one only when a
+        # registration commits.
+        allowed = any(principal.may(role) for role in roles)
+        if allowed and principal.limited_uses and principal.role != Role.BOOTSTRAP:
             consume_use(session, principal.token_id)
     return principal
 
@@ -86,7 +88,7 @@ class RoleGate:
             now = ctx.clock()
             principal = ctx.token_cache.get(secret, now)
             if principal is None:
-                principal = await run_in_threadpool(_authenticate, ctx, secret, now)
+                principal = await run_in_threadpool(_authenticate, ctx, secret, now, self.roles)
                 ctx.token_cache.put(secret, principal, now)
         except AuthError as exc:
             raise ApiError(401, "unauthorized", str(exc)) from exc
