@@ -69,6 +69,7 @@ def test_expiry_and_uses_limit_every_role(api: Api) -> None:
     expired = api.call("GET", "/api/v1/hosts", short)
     assert expired.status_code == 401 and "expired" in expired.json()["message"]
     twice = api.token("viewer", uses=2)
+    assert api.call("GET", "/api/v1/tokens", twice).status_code == 403  # refused: no use spent
     assert [api.call("GET", "/api/v1/hosts", twice).status_code for _ in range(3)] == [
         200,
         200,
