@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import sqlalchemy as sa
+import time
 
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from controlplane.app import create_app
 from controlplane.wire import HeartbeatReply, Manifest, RegisterResponse
 from tests.controlplane.conftest import Api, deploy, gpu, manifest, register_version
 
@@ -179,3 +183,19 @@ def test_metric_samples_older_than_24h_are_pruned(api: Api) -> None:
     with api.engine.connect() as conn:
         left = conn.execute(sa.text("SELECT COUNT(*) FROM metricsample")).scalar()
     assert left == 4
+
+
+def test_the_running_app_sweeps_host_health_by_itself(api: Api) -> None:
+    api.register("gpu-1")
+    api.clock.advance(60)
+    app = create_app(api.settings, clock=api.clock, engine=api.engine, run_controllers=True)
+    with TestClient(app) as client:
+        deadline = time.monotonic() + 10
+        state = ""
+        while time.monotonic() < deadline:
+            host = client.get("/api/v1/hosts/gpu-1", headers=api.auth(api.admin)).json()
+            state = host["state"]
+            if state == "unreachable":
+                break
+            time.sleep(0.1)
+    assert state == "unreachable"
