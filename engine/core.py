@@ -211,8 +211,7 @@ class EngineCore:
             return None
         if request.first_block_at is None:
             request.first_block_at = time.perf_counter()
-        if block_done or finish is not None:
-            request.steps_per_block.append(request.step_in_block)
+        request.steps_per_block.append(request.step_in_block)
         if finish is None:
             new = known[len(request.generated) :]
             request.generated = known
