@@ -10,18 +10,11 @@ carries them and picks up whatever desired state changed meanwhile.
 from __future__ import annotations
 
 import logging
-import os
-import platform
-import re
-import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -34,44 +27,27 @@ from agent.control_plane import (
 )
 from agent.engine_metrics import EngineMetricsTracker
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
+from agent.host_facts import default_host_name, gpu_status, host_facts, rss_bytes
+from agent.instance_spec import InstanceSpec
 from agent.metrics import AgentMetrics
 from agent.preflight import PreflightReport, memory_check
-from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
-from agent.supervisor import InstanceSpec, Supervisor
+from agent.snapshot_fetcher import SnapshotFetcher
+from agent.snapshots import SnapshotStore
+from agent.supervisor import Supervisor
 from controlplane.wire import (
     DEFAULT_PORT_RANGE,
     DesiredInstance,
     DesiredInstanceState,
-    GpuStatus,
     Heartbeat,
     HeartbeatReply,
     HostFacts,
     InstanceState,
     ObservedInstance,
     RegisterRequest,
-    SnapshotProgress,
 )
 
 log = logging.getLogger("dctl.agent")
-# A rejected snapshot will not fix itself; an interrupted one might soon.
-RETRY_MISMATCH_S = 300.0
-RETRY_ERROR_S = 15.0
 MetricsFetcher = Callable[[int], str | None]
-
-
-def default_host_name() -> str:
-    """The short hostname as a DNS label (lower case, other characters -> '-')."""
-    name = socket.gethostname().split(".")[0].lower()
-    name = re.sub(r"[^a-z0-9-]", "-", name).strip("-")[:63]
-    return name or "host"
-
-
-def agent_version() -> str:
-    """The installed dctl version."""
-    try:
-        return version("dctl")
-    except PackageNotFoundError:
-        return "0+unknown"
 
 
 @dataclass(frozen=True)
@@ -86,46 +62,6 @@ class AgentConfig:
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     tick_s: float = 0.25
     stop_engines_on_exit: bool = False
-
-
-@dataclass
-class _FetchFailure:
-    message: str
-    retry_at: float
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process (what a CPU engine holds), 0 when unknown."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
-def gpu_status(sample: GpuSnapshot) -> list[GpuStatus]:
-    """Wire form of a GPU sample (percent and Celsius, as the control plane stores them)."""
-    return [
-        GpuStatus(
-            index=d.index,
-            uuid=d.uuid,
-            name=d.name,
-            memory_total_bytes=d.memory_total_bytes or 0,
-            memory_used_bytes=d.memory_used_bytes or 0,
-            utilization_percent=round(d.utilization_ratio * 100, 1)
-            if d.utilization_ratio is not None
-            else None,
-            temperature_c=d.temperature_celsius,
-            power_w=d.power_watts,
-            power_limit_w=d.power_limit_watts,
-            ecc_uncorrectable=d.ecc_uncorrected_errors,
-            persistence_mode=d.persistence_mode,
-            compute_capability=d.compute_capability,
-        )
-        for d in sample.devices
-    ]
 
 
 class Agent:
@@ -160,14 +96,9 @@ class Agent:
         self.engine_metrics = EngineMetricsTracker()
         self._next_heartbeat = 0.0
         self._outage_since: float | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot-fetch")
-        self._fetching: dict[str, Future[Path]] = {}
-        self._failures: dict[str, _FetchFailure] = {}
-        self._progress: dict[str, SnapshotProgress] = {}
-        self._progress_lock = threading.Lock()
+        self.fetcher = SnapshotFetcher(store, clock)
         self._waiting: dict[int, tuple[InstanceState, str]] = {}
         self._last_sample: GpuSnapshot | None = None
-        self._cancel_fetches = threading.Event()
         self.metrics.preflight_ok.set(1 if preflight.ok else 0)
         if selection.kind == "fake" and selection.backend is not None:
             backend = selection.backend
@@ -230,22 +161,7 @@ class Agent:
 
     def facts(self, sample: GpuSnapshot | None) -> HostFacts:
         """Slow-changing facts about this host, with the preflight results."""
-        try:
-            memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            memory = None
-        return HostFacts(
-            hostname=socket.gethostname(),
-            os=platform.platform(),
-            agent_version=agent_version(),
-            gpu_backend=self.selection.kind,
-            driver_version=sample.driver_version if sample else None,
-            cuda_driver_version=sample.cuda_driver_version if sample else None,
-            cpu_count=os.cpu_count(),
-            memory_bytes=memory,
-            disk_free_bytes=shutil.disk_usage(self.store.root).free,
-            preflight=self.preflight.checks,
-        )
+        return host_facts(self.selection.kind, sample, self.preflight.checks, self.store.root)
 
     # --- heartbeat ---------------------------------------------------------------------------
 
@@ -262,8 +178,8 @@ class Agent:
                 running = self.engine_metrics.latest_gauge(instance_id, "dllm_requests_running")
                 if running is not None:
                     self.supervisor.set_busy(instance_id, min(running / 4.0, 1.0))
-        with self._progress_lock:
-            progress = list(self._progress.values())
+        progress = self.fetcher.progress()
+        reported_ready = {p.digest for p in progress if p.state == "ready"}
         beat = Heartbeat(
             sent_at=datetime.now(UTC),
             applied_generation=self.applied_generation,
@@ -297,9 +213,7 @@ class Agent:
             self._outage_since = None
         self.metrics.heartbeats.labels(result="ok").inc()
         self.engine_metrics.acknowledge()
-        with self._progress_lock:
-            for digest in [d for d, p in self._progress.items() if p.state == "ready"]:
-                del self._progress[digest]
+        self.fetcher.reported(reported_ready, {d.model.digest for d in reply.instances})
         self.interval_s = reply.heartbeat_interval_s
         self.last_reply = reply
         self.reconcile(reply)
@@ -337,7 +251,6 @@ class Agent:
     def reconcile(self, reply: HeartbeatReply) -> None:
         """Make the supervisor run what the control plane wants."""
         wanted = {d.instance_id: d for d in reply.instances}
-        now = self.clock()
         for desired in reply.instances:
             instance_id = desired.instance_id
             if desired.desired_state == DesiredInstanceState.STOPPED:
@@ -359,12 +272,10 @@ class Agent:
                 else:
                     self.supervisor.ensure(spec)
                 continue
-            failure = self._failures.get(digest)
-            if failure is not None and now < failure.retry_at:
+            refusal = self.fetcher.refusal(digest)
+            if refusal is not None:
                 self._waiting.pop(instance_id, None)
-                self.supervisor.mark_failed(
-                    instance_id, self._spec(desired, Path()), failure.message
-                )
+                self.supervisor.mark_failed(instance_id, self._spec(desired, Path()), refusal)
                 continue
             self._start_fetch(desired)
             self._waiting[instance_id] = (
@@ -378,10 +289,6 @@ class Agent:
         for instance_id in [i for i in self._waiting if i not in wanted]:
             del self._waiting[instance_id]
         in_use = {d.model.digest for d in reply.instances}
-        with self._progress_lock:
-            # Progress of a version nobody wants any more is no longer news.
-            for digest in [d for d in self._progress if d not in in_use]:
-                del self._progress[digest]
         for instance_id in self.supervisor.instance_ids():
             running = self.supervisor.spec_of(instance_id)
             if running is not None:
@@ -402,50 +309,18 @@ class Agent:
         return f"not started: {check.reason}" if check.status == "fail" else None
 
     def _start_fetch(self, desired: DesiredInstance) -> None:
-        digest = desired.model.digest
-        if digest in self._fetching:
-            return
-        self._failures.pop(digest, None)
-        model = desired.model
-        files_url = model.files_url
+        files_url = desired.model.files_url
         if files_url and not files_url.startswith(("http://", "https://")):
             files_url = urljoin(self.client.url + "/", files_url)
         headers = {"Authorization": f"Bearer {self.identity.token}"} if self.identity else {}
-        log.info("fetching snapshot %s:%s (%s)", model.name, model.version, digest[:12])
-        self._fetching[digest] = self._pool.submit(
-            self.store.fetch,
-            model.manifest,
-            model.source_uri,
-            files_url,
-            headers,
-            self._on_progress,
-            self._cancel_fetches,
-        )
-
-    def _on_progress(self, progress: SnapshotProgress) -> None:
-        with self._progress_lock:
-            self._progress[progress.digest] = progress
+        self.fetcher.start(desired.model, files_url, headers)
 
     def _collect_fetches(self) -> None:
-        done = [d for d, f in self._fetching.items() if f.done()]
-        for digest in done:
-            future = self._fetching.pop(digest)
-            exc = future.exception()
-            if exc is None:
-                self.metrics.snapshot_fetches.labels(result="ok").inc()
-                manifest_size = sum(
-                    p.stat().st_size for p in self.store.path_for(digest).rglob("*") if p.is_file()
-                )
-                self.metrics.snapshot_bytes.inc(manifest_size)
-                log.info("snapshot %s verified and stored", digest[:12])
-                continue
-            mismatch = isinstance(exc, SnapshotMismatch)
-            self.metrics.snapshot_fetches.labels(result="mismatch" if mismatch else "error").inc()
-            message = str(exc) if isinstance(exc, SnapshotError) else f"snapshot fetch: {exc}"
-            delay = RETRY_MISMATCH_S if mismatch else RETRY_ERROR_S
-            self._failures[digest] = _FetchFailure(f"refused: {message}", self.clock() + delay)
-            log.error("snapshot %s refused: %s", digest[:12], message)
-        if done and self.last_reply is not None:
+        outcomes = self.fetcher.collect()
+        for outcome in outcomes:
+            self.metrics.snapshot_fetches.labels(result=outcome.result).inc()
+            self.metrics.snapshot_bytes.inc(outcome.bytes)
+        if outcomes and self.last_reply is not None:
             self.reconcile(self.last_reply)  # start (or fail) the waiting instances now
 
     def _on_transition(
@@ -494,10 +369,7 @@ class Agent:
                 self.step()
                 stop.wait(self.config.tick_s)
         finally:
-            # A download in flight stops at its next chunk (its partial data is kept).
-            self._cancel_fetches.set()
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self.store.close()
+            self.fetcher.shutdown()
             if self.config.stop_engines_on_exit:
                 log.info("stopping engines")
                 self.supervisor.stop_all()

@@ -179,11 +179,13 @@ def _run_agent(
 
     from agent.control_plane import ControlPlaneClient, ControlPlaneRejected
     from agent.engine_process import HttpProber, SubprocessLauncher
+    from agent.host_facts import default_host_name
+    from agent.instance_spec import SupervisorPolicy
     from agent.metrics import AgentMetrics
     from agent.preflight import run_preflight
-    from agent.runtime import Agent, AgentConfig, default_host_name
+    from agent.runtime import Agent, AgentConfig
     from agent.snapshots import SnapshotStore
-    from agent.supervisor import Supervisor, SupervisorPolicy
+    from agent.supervisor import Supervisor
 
     log = logging.getLogger("dctl.agent")
     if selection.warning:

@@ -227,7 +227,7 @@ class DemoStack:
             cli_env,
             f"registering {MODEL}:{VERSION}",
         )
-        from agent.runtime import default_host_name
+        from agent.host_facts import default_host_name
 
         host = default_host_name()
         bootstrap = api.create_token(

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from agent.engine_process import HttpProber, SubprocessLauncher
-from agent.supervisor import InstanceSpec, Supervisor, SupervisorPolicy
+from agent.instance_spec import InstanceSpec, SupervisorPolicy
+from agent.supervisor import Supervisor
 from controlplane.wire import InstanceState
 
 STUB_ENGINE = """

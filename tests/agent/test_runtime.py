@@ -124,7 +124,7 @@ class Rig:
         """Heartbeat, let the snapshot worker finish, and reconcile its result."""
         self.agent.heartbeat_once()
         deadline = time.monotonic() + 10
-        while self.agent._fetching and time.monotonic() < deadline:
+        while self.agent.fetcher.busy() and time.monotonic() < deadline:
             time.sleep(0.01)
             self.agent.step()
         self.agent.supervisor.tick()

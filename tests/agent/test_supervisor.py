@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from agent.engine_process import PidRecord, rotate_log, truncate_if_large
-from agent.supervisor import InstanceSpec, Supervisor, SupervisorPolicy, engine_config
+from agent.instance_spec import InstanceSpec, SupervisorPolicy, engine_config
+from agent.supervisor import Supervisor
 from controlplane.wire import InstanceState
 from tests.agent.fakes import Clock, FakeLauncher, Health
 

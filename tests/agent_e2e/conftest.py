@@ -109,14 +109,27 @@ class Stack:
         [inst] = self.api.get_deployment("demo").instances
         return inst
 
-    def ready_instance(self, timeout_s: float = 120.0, **want: object) -> InstanceOut:
+    def ready_instance(self, timeout_s: float = 300.0, **want: object) -> InstanceOut:
         def probe() -> InstanceOut | None:
             inst = self.instance()
             if inst.observed_state != "ready":
                 return None
             return inst if all(getattr(inst, k) == v for k, v in want.items()) else None
 
-        return wait_for(f"instance ready with {want}", probe, timeout_s)
+        try:
+            return wait_for(f"instance ready with {want}", probe, timeout_s)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnostics()}") from None
+
+    def diagnostics(self) -> str:
+        """The last lines of every log, for a failure message (tmp dirs do not outlive runs)."""
+        logs = [*sorted(self.logs.glob("*.log")),
+                *sorted((self.agent_data() / "agent" / "run" / "logs").glob("*.log"))]  # fmt: skip
+        parts = []
+        for log in logs:
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            parts.append(f"--- {log.name}\n" + "\n".join(line[:300] for line in tail))
+        return "\n".join(parts)
 
     def agent_data(self) -> Path:
         return self.home / "agent-data"

@@ -87,7 +87,7 @@ def test_kill_9_engine_is_restarted_on_the_same_port(stack: Stack) -> None:
     after = wait_for(
         "a restarted engine",
         lambda: (i := stack.instance()).observed_state == "ready" and i.pid != before.pid and i,
-        120,
+        300,
     )
     assert after.restart_count == before.restart_count + 1
     assert after.last_exit is not None and after.last_exit.signal == 9
@@ -133,7 +133,7 @@ def test_restarted_agent_adopts_the_engine_instead_of_starting_another(stack: St
     wait_for(
         "the new agent to adopt",
         lambda: "adopted" in (stack.logs / "agent.log").read_text().split("signal 15")[-1],
-        120,
+        240,
     )
     time.sleep(3)  # a few heartbeats and probes: a duplicate would show up now
     assert engine_processes(stack, serving.id) == [serving.pid]
@@ -162,7 +162,7 @@ def test_engines_keep_serving_while_the_control_plane_is_down(stack: Stack) -> N
     seen = wait_for(
         "a heartbeat after the outage",
         lambda: (h := stack.api.get_host(HOST)).state == "ready" and h,
-        60,
+        120,
     )
     assert seen.last_seen_at is not None
     assert stack.ready_instance().pid == serving.pid
@@ -173,5 +173,5 @@ def test_engines_keep_serving_while_the_control_plane_is_down(stack: Stack) -> N
         return total if total >= before + 3 else None
 
     # The requests served during the outage reach the control plane as deltas afterwards.
-    wait_for("the outage's engine metrics", caught_up, 60)
+    wait_for("the outage's engine metrics", caught_up, 120)
     assert "control plane reachable again" in (stack.logs / "agent.log").read_text()

@@ -1,0 +1,88 @@
+"""What the agent says about its host: name, versions, memory, disk, GPUs in wire form."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import socket
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from agent.gpu import GpuSnapshot
+from controlplane.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck
+
+
+def default_host_name() -> str:
+    """The short hostname as a DNS label (lower case, other characters -> '-')."""
+    name = socket.gethostname().split(".")[0].lower()
+    name = re.sub(r"[^a-z0-9-]", "-", name).strip("-")[:63]
+    return name or "host"
+
+
+def agent_version() -> str:
+    """The installed dctl version."""
+    try:
+        return version("dctl")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (what a CPU engine holds), 0 when unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def host_facts(
+    backend: GpuBackendName,
+    sample: GpuSnapshot | None,
+    preflight: list[PreflightCheck],
+    data_dir: Path,
+) -> HostFacts:
+    """Slow-changing facts about this host, with the preflight results."""
+    try:
+        memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = None
+    return HostFacts(
+        hostname=socket.gethostname(),
+        os=platform.platform(),
+        agent_version=agent_version(),
+        gpu_backend=backend,
+        driver_version=sample.driver_version if sample else None,
+        cuda_driver_version=sample.cuda_driver_version if sample else None,
+        cpu_count=os.cpu_count(),
+        memory_bytes=memory,
+        disk_free_bytes=shutil.disk_usage(data_dir).free,
+        preflight=preflight,
+    )
+
+
+def gpu_status(sample: GpuSnapshot) -> list[GpuStatus]:
+    """Wire form of a GPU sample (percent and Celsius, as the control plane stores them)."""
+    return [
+        GpuStatus(
+            index=d.index,
+            uuid=d.uuid,
+            name=d.name,
+            memory_total_bytes=d.memory_total_bytes or 0,
+            memory_used_bytes=d.memory_used_bytes or 0,
+            utilization_percent=round(d.utilization_ratio * 100, 1)
+            if d.utilization_ratio is not None
+            else None,
+            temperature_c=d.temperature_celsius,
+            power_w=d.power_watts,
+            power_limit_w=d.power_limit_watts,
+            ecc_uncorrectable=d.ecc_uncorrected_errors,
+            persistence_mode=d.persistence_mode,
+            compute_capability=d.compute_capability,
+        )
+        for d in sample.devices
+    ]
