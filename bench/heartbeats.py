@@ -127,19 +127,42 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / CLK_TCK
 
 
-def database_cpu_seconds(database: str | None) -> float:
-    """CPU seconds of the PostgreSQL backends serving DATABASE (their titles name it)."""
-    if database is None:
-        return 0.0
-    total = 0.0
+def backend_cpu(database: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving DATABASE (their titles name it)."""
+    found: dict[int, float] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
-        with suppress(OSError):
+        with suppress(OSError, IndexError, ValueError):
             title = (proc / "cmdline").read_bytes()
             if title.startswith(b"postgres: ") and f" {database} ".encode() in title:
-                total += cpu_seconds(int(proc.name))
-    return total
+                found[int(proc.name)] = cpu_seconds(int(proc.name))
+    return found
+
+
+class DatabaseCpu:
+    """PostgreSQL backend CPU over a phase, polled: the pool opens and closes backends."""
+
+    def __init__(self, database: str | None) -> None:
+        self.database = database
+        self.start = backend_cpu(database) if database else {}
+        self.last = dict(self.start)
+
+    def poll(self) -> None:
+        """Remember each backend's latest figure (one that exits keeps its last one)."""
+        if self.database:
+            self.last.update(backend_cpu(self.database))
+
+    async def poll_every(self, seconds: float) -> None:
+        """Poll until cancelled."""
+        while True:
+            await asyncio.sleep(seconds)
+            self.poll()
+
+    def used(self) -> float:
+        """CPU seconds since the start; a backend born since then started from zero."""
+        self.poll()
+        return sum(cpu - self.start.get(pid, 0.0) for pid, cpu in self.last.items())
 
 
 @dataclass
@@ -351,9 +374,11 @@ async def run_phase(
             await conn.close()
 
     server_cpu, client_cpu = cpu_seconds(server.proc.pid), time.process_time()
-    database_cpu = database_cpu_seconds(server.database)
+    database_cpu = DatabaseCpu(server.database)
+    poller = asyncio.create_task(database_cpu.poll_every(0.25))
     await asyncio.gather(*(agent(t, b) for t, b in zip(tokens, bodies, strict=True)))
     elapsed = time.perf_counter() - start
+    poller.cancel()
     return Phase(
         name=name,
         sent=counts["sent"],
@@ -361,7 +386,7 @@ async def run_phase(
         seconds=elapsed,
         latencies_ms=latencies,
         server_cpu_s=cpu_seconds(server.proc.pid) - server_cpu,
-        database_cpu_s=database_cpu_seconds(server.database) - database_cpu,
+        database_cpu_s=database_cpu.used(),
         client_cpu_s=time.process_time() - client_cpu,
     )
 
