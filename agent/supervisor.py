@@ -114,7 +114,7 @@ class Supervisor:
             return
         current.note = ""
         if current.spec.fingerprint() == spec.fingerprint():
-            if current.state == InstanceState.STOPPED:
+            if current.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 current.failures = 0
                 self._start(current)
             elif current.state == InstanceState.STOPPING and current.after_stop != "restart":
@@ -350,10 +350,14 @@ class Supervisor:
                 pid_file.unlink(missing_ok=True)
                 continue
             process = self.launcher.adopt(record.pid, record.config_path)
-            if process is None or not self.prober(record.port, "/health/live"):
+            if process is None:
                 log.info("instance %s: pid %s is gone, not adopted", record.instance_id, record.pid)
                 pid_file.unlink(missing_ok=True)
                 continue
+            if not self.prober(record.port, "/health/live"):
+                # Alive but silent (still loading, or hung): adopting it and letting the start-up
+                # grace decide is safer than starting a duplicate on the same port.
+                log.info("instance %s: pid %s does not answer yet", record.instance_id, record.pid)
             spec = InstanceSpec.from_dict(record.spec)
             now = self.clock()
             inst = _Instance(

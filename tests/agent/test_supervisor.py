@@ -227,3 +227,22 @@ def test_logs_rotate_on_start_and_copy_truncate_when_large(tmp_path: Path) -> No
         writer.flush()
     assert log.read_bytes() == b"after"
     assert (tmp_path / "engine.log.1").read_bytes() == b"three" + b"x" * 100
+
+
+def test_a_live_engine_that_does_not_answer_yet_is_adopted_not_duplicated(rig: tuple) -> None:
+    sup, launcher, clock, health, _ = rig
+    sup.ensure(spec())
+    health.live = health.ready = False  # still loading its weights
+    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    assert second.adopt_existing() == [7]
+    second.ensure(spec())
+    assert len(launcher.launched) == 1
+    assert second.state_of(7) == InstanceState.STARTING
+
+
+def test_a_failed_instance_starts_when_it_is_wanted_again(rig: tuple) -> None:
+    sup, launcher, _clock, _health, _ = rig
+    sup.mark_failed(7, spec(), "not started: model needs 400.0 GiB")
+    assert sup.state_of(7) == InstanceState.FAILED and launcher.launched == []
+    sup.ensure(spec())
+    assert sup.state_of(7) == InstanceState.STARTING and len(launcher.launched) == 1
