@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.decoding import (
     NOT_MASKED,
@@ -159,3 +161,43 @@ def test_releasable_text_holds_back_possible_stop_prefix_and_partial_chars() -> 
     assert releasable_text("abc\ufffd", finished=False, stop=[]) == "abc"
     assert releasable_text("abc\ufffd", finished=True, stop=[]) == "abc\ufffd"
     assert releasable_text("ab", finished=False, stop=["long stop"]) == ""
+
+
+# No deadline: on a shared 2-core machine a 64-step loop of tiny tensor ops can take a while.
+@settings(deadline=None, max_examples=60)
+@given(masks=st.integers(1, 64), steps=st.integers(1, 64))
+def test_steps_mode_always_finishes_in_exactly_min_of_steps_and_masks(
+    masks: int, steps: int
+) -> None:
+    accepted = run_steps_mode(masks, steps)
+    assert sum(accepted) == masks
+    assert len(accepted) == min(steps, masks)
+    assert max(accepted) - min(accepted) <= 1  # the quota is spread evenly
+
+
+@settings(deadline=None, max_examples=60)
+@given(
+    masks=st.integers(1, 32),
+    min_steps=st.integers(1, 32),
+    above=st.lists(st.integers(0, 32), min_size=32, max_size=32),
+    max_steps=st.integers(0, 40),
+)
+def test_threshold_mode_respects_min_and_max_steps(
+    masks: int, min_steps: int, above: list[int], max_steps: int
+) -> None:
+    left, k = masks, 0
+    while left:
+        n = counts_for(
+            step=k,
+            masked_now=left,
+            masked_at_start=masks,
+            above=min(above[k % 32], left),
+            min_steps=min_steps,
+            max_steps=max_steps,
+        )
+        assert 1 <= n <= left
+        left -= n
+        k += 1
+    if max_steps:
+        assert k <= max_steps
+    assert k >= min(min_steps, masks, max_steps or masks)
