@@ -51,7 +51,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it costs a round trip per checkout on the heartbeat path. A connection the
+    # server dropped fails one request (503, retried by agents) and the pool is invalidated.
+    kwargs.setdefault("pool_pre_ping", False)
     return sa.create_engine(url, **kwargs)
 
 
