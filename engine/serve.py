@@ -211,6 +211,11 @@ def run(config: ServeConfig) -> int:
 
         loop: asyncio.AbstractEventLoop | None = None
         drain_started = False
+        drain_task: asyncio.Task[None] | None = None  # held: the loop keeps tasks only weakly
+
+        def start_drain(self) -> None:
+            if self.loop is not None:
+                self.drain_task = self.loop.create_task(drain())
 
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             if self.drain_started or state.model is None or self.loop is None:
@@ -221,7 +226,7 @@ def run(config: ServeConfig) -> int:
                 return
             self.drain_started = True
             state.draining = True
-            self.loop.call_soon_threadsafe(lambda: self.loop and self.loop.create_task(drain()))
+            self.loop.call_soon_threadsafe(self.start_drain)
 
         async def startup(self, sockets: list[Any] | None = None) -> None:
             await super().startup(sockets)
