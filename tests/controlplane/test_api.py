@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from sqlmodel import Session
 
+from controlplane.app import create_app
+from controlplane.auth import Role, mint_token
+from controlplane.bootstrap import ensure_admin_token
+from controlplane.db import make_engine
+from controlplane.settings import ControlPlaneSettings
 from controlplane.wire import Manifest
-from tests.controlplane.conftest import Api, deploy, manifest, register_version
+from tests.controlplane.conftest import PG_ADMIN_URL, Api, deploy, manifest, register_version
 
 
 def test_version_registration_is_immutable_and_idempotent(api: Api) -> None:
@@ -216,3 +224,36 @@ def test_an_unexpected_error_is_still_json(api: Api, monkeypatch: pytest.MonkeyP
     response = client.get("/readyz")
     assert response.status_code == 500
     assert response.json()["error"] == "internal" and "boom" not in response.text
+
+
+def test_postgres_connections_dropped_by_the_server_are_replaced(pg_url: str) -> None:
+    engine = make_engine(pg_url)
+    admin = ensure_admin_token(engine)
+    token = admin or ""
+    if admin is None:  # the shared session database already has an admin token: mint one
+        with Session(engine) as session:
+            new = mint_token("pg-drop", Role.ADMIN, datetime.now(UTC))
+            session.add(new.row)
+            session.commit()
+            token = new.secret
+    app = create_app(
+        ControlPlaneSettings(database_url=pg_url), engine=engine, run_controllers=False
+    )
+    headers = {"Authorization": f"Bearer {token}"}
+    with TestClient(app) as client:
+        assert client.get("/api/v1/hosts", headers=headers).status_code == 200
+        name = pg_url.rsplit("/", 1)[1]
+        killer = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with killer.connect() as conn:
+            conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = :db AND pid <> pg_backend_pid()"
+                ),
+                {"db": name},
+            )
+        killer.dispose()
+        first = client.get("/api/v1/hosts", headers=headers)
+        assert first.status_code in (200, 503), first.text  # never a 500
+        assert client.get("/api/v1/hosts", headers=headers).status_code == 200
+    engine.dispose()
