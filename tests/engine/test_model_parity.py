@@ -20,7 +20,7 @@ import torch
 
 from engine.kv_cache import KVCache
 from engine.loader import load_model
-from engine.model import Model, default_compute_dtype
+from engine.model import Model, default_compute_dtype, vocab_logits
 from tests.engine.conftest import build_tiny_checkpoint
 
 TOL = 1e-4
@@ -357,3 +357,12 @@ def test_bad_cache_arguments_are_explained(tiny_checkpoint: Path) -> None:
         model(ids, block_size=0, cache=cache, slots=one, cache_lens=zero)
     with pytest.raises(ValueError, match="write_cache=True needs a cache"):
         model(ids, write_cache=True)
+
+
+def test_widened_lm_head_in_slices_equals_one_matmul() -> None:
+    """A bf16 head widened slice by slice (here 3 slices) gives the one-shot fp32 result."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(70000, 32, generator=gen).to(torch.bfloat16)
+    x = torch.randn(5, 32, generator=gen)
+    sliced = vocab_logits(x, weight)
+    assert torch.allclose(sliced, x @ weight.float().T, atol=1e-5)
