@@ -178,7 +178,7 @@ class MoE(nn.Module):
         # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
         per_choice = torch.empty_like(out)
         per_choice[order] = out
-        per_choice = per_choice.view(s, self.top_k, -1) * weights.to(x.dtype).unsqueeze(-1)
+        per_choice = per_choice.view(s, self.top_k, x.shape[-1]) * weights.to(x.dtype).unsqueeze(-1)
         return per_choice.sum(dim=1), counts
 
 

@@ -366,3 +366,28 @@ def test_widened_lm_head_in_slices_equals_one_matmul() -> None:
     x = torch.randn(5, 32, generator=gen)
     sliced = vocab_logits(x, weight)
     assert torch.allclose(sliced, x @ weight.float().T, atol=1e-5)
+
+
+def test_prefill_asking_for_no_logits_still_fills_the_cache(pair: Pair) -> None:
+    """A chunked prefill wants no logits at all: (0, vocab) back, cache written all the same."""
+    ids = random_ids(pair, 1, 8, seed=13)
+    cache = KVCache(pair.ours.config, num_slots=1, max_seq_len=12)
+    out = pair.ours(
+        ids,
+        cache=cache,
+        slots=torch.tensor([0]),
+        cache_lens=torch.tensor([0]),
+        write_cache=True,
+        logits_rows=torch.tensor([], dtype=torch.long),
+    )
+    assert out.shape == (0, pair.ours.config.vocab_size)
+    nxt = random_ids(pair, 1, 4, seed=14)
+    last = pair.ours(
+        nxt,
+        torch.arange(8, 12).view(1, 4),
+        cache=cache,
+        slots=torch.tensor([0]),
+        cache_lens=torch.tensor([8]),
+    )
+    full = pair.ours(torch.cat((ids, nxt), dim=1))
+    assert (last - full[:, 8:]).abs().max().item() <= TOL
