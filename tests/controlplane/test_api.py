@@ -257,3 +257,19 @@ def test_postgres_connections_dropped_by_the_server_are_replaced(pg_url: str) ->
         assert first.status_code in (200, 503), first.text  # never a 500
         assert client.get("/api/v1/hosts", headers=headers).status_code == 200
     engine.dispose()
+
+
+def test_changing_placement_moves_instances_and_tells_both_hosts(api: Api) -> None:
+    register_version(api)
+    agent_a = api.register("host-a")["agent_token"]
+    agent_b = api.register("host-b")["agent_token"]
+    deploy(api, "web", ["host-a"])
+    gen_a, gen_b = api.heartbeat(agent_a).json(), api.heartbeat(agent_b).json()
+    assert len(gen_a["instances"]) == 1 and gen_b["instances"] == []
+    moved = api.as_admin(
+        "PATCH", "/api/v1/deployments/web", json={"placement": {"hosts": ["host-b"]}}
+    )
+    assert [i["host"] for i in moved.json()["instances"]] == ["host-b"]
+    after_a, after_b = api.heartbeat(agent_a).json(), api.heartbeat(agent_b).json()
+    assert after_a["generation"] > gen_a["generation"] and after_a["instances"] == []
+    assert after_b["generation"] > gen_b["generation"] and len(after_b["instances"]) == 1
