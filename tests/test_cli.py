@@ -88,3 +88,18 @@ def test_invalid_setting_fails_with_one_line_naming_it(env: dict[str, str], need
                 os.environ[k] = v
     message = str(info.value)
     assert needle in message and "\n" not in message
+
+
+def test_ctrl_c_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controlplane.cli import app as cli_app
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_app, "app", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli_app.main()
+    assert info.value.code == 130
+    assert capsys.readouterr().err.strip() == "interrupted"

@@ -68,3 +68,7 @@ def main() -> None:
     except CliError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(exc.code)
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's choice, not a crash: no traceback, the shell's usual code.
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
