@@ -17,13 +17,14 @@ from starlette.concurrency import run_in_threadpool
 from controlplane.api import agents, deployments, events, health, hosts, models, tokens
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
+from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
 from controlplane.auth import AgentTokenCache
 from controlplane.db import make_engine
 from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthMonitor
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.settings import ControlPlaneSettings
-from controlplane.wire import Heartbeat
+from controlplane.wire import HEARTBEAT_PATH, Heartbeat
 
 log = logging.getLogger("controlplane.app")
 
@@ -88,6 +89,7 @@ def create_app(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            ctx.heartbeats.close()
             if owns_engine:
                 engine.dispose()
 
@@ -102,6 +104,11 @@ def create_app(
     # Agents first: the heartbeat route is matched most often.
     for module in (agents, hosts, models, deployments, events, tokens, health):
         app.include_router(module.router)
+    heartbeat_route = next(
+        r for r in agents.router.routes if getattr(r, "path", None) == HEARTBEAT_PATH
+    )
+    # Inside the metrics middleware, so fast-lane heartbeats are counted like the rest.
+    app.add_middleware(HeartbeatFastPath, ctx=ctx, route=heartbeat_route)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_wire_bodies(app)
     return app

@@ -8,10 +8,12 @@ is rebuilt (and its JSON cached) only when the host's generation moved.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -21,6 +23,7 @@ from pydantic import TypeAdapter
 from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
+from starlette.concurrency import run_in_threadpool
 
 from controlplane.models import Deployment, Event, Gpu, Instance, Model, UTCDateTime
 from controlplane.models import ModelVersion as VersionRow
@@ -113,6 +116,10 @@ def local_source_dir(source_uri: str) -> str | None:
     return None
 
 
+def _writer_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat-writer")
+
+
 class HeartbeatService:
     """Handles heartbeats; one per app, shared by all request threads."""
 
@@ -133,7 +140,30 @@ class HeartbeatService:
         self._write_lock: contextlib.AbstractContextManager[Any] = (
             threading.Lock() if engine.dialect.name == "sqlite" else contextlib.nullcontext()
         )
+        # With one writer anyway, SQLite heartbeats run on one dedicated thread: no hop through
+        # the shared thread pool (its limiter, thread churn) and no convoy of request threads
+        # contending for the write lock and the GIL.
+        self._writer = _writer_thread() if engine.dialect.name == "sqlite" else None
         self._lock = threading.Lock()
+
+    async def submit(
+        self, host_id: int, beat: Heartbeat, files_base_url: Callable[[], str]
+    ) -> bytes:
+        """`handle` off the event loop: on the SQLite writer thread, else in the thread pool."""
+        if self._writer is None:
+            return await run_in_threadpool(self.handle, host_id, beat, files_base_url)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, self.handle, host_id, beat, files_base_url)
+
+    def close(self) -> None:
+        """Stop the SQLite writer thread (after the heartbeats it holds are handled).
+
+        A fresh executor (which starts its thread only when used) takes its place, so an app
+        whose lifespan runs again still handles heartbeats.
+        """
+        if self._writer is not None:
+            writer, self._writer = self._writer, _writer_thread()
+            writer.shutdown(wait=True)
 
     def _cache(self, host_id: int) -> _HostCache:
         with self._lock:
@@ -147,8 +177,11 @@ class HeartbeatService:
         with self._lock:
             self._caches.pop(host_id, None)
 
-    def handle(self, host_id: int, beat: Heartbeat, files_base_url: str) -> bytes:
+    def handle(self, host_id: int, beat: Heartbeat, files_base_url: Callable[[], str]) -> bytes:
         """Commit the host's last-seen time and observed state, then reply with desired state.
+
+        `files_base_url` is called only when the desired state is rebuilt (building the URL
+        from the request costs more than the rest of a steady-state reply).
 
         Returns the JSON of a `HeartbeatReply`; the instance list is serialised once per
         generation and reused, since it only changes when the generation does.
@@ -167,7 +200,7 @@ class HeartbeatService:
             self._on_heartbeat(None if previous is None else (now - previous).total_seconds())
         cache.last_seen = now
         if cache.desired_generation != row.desired_generation:
-            desired = self._desired_instances(host_id, files_base_url)
+            desired = self._desired_instances(host_id, files_base_url())
             cache.desired_json = _DESIRED_LIST.dump_json(desired)
             cache.desired_generation = row.desired_generation
         head = json.dumps(

@@ -7,7 +7,6 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import update
 from sqlmodel import col, select
-from starlette.concurrency import run_in_threadpool
 
 from controlplane.api.deps import Bootstrap, ContextDep, RoleGate, SessionDep, get_context
 from controlplane.api.errors import ApiError
@@ -104,9 +103,7 @@ async def heartbeat(request: Request) -> Response:
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
     try:
-        reply = await run_in_threadpool(
-            ctx.heartbeats.handle, who.host_id, body, str(request.base_url)
-        )
+        reply = await ctx.heartbeats.submit(who.host_id, body, lambda: str(request.base_url))
     except UnknownHostError as exc:
         raise ApiError(404, "host_removed", str(exc)) from exc
     return Response(reply, media_type="application/json")

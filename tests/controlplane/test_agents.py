@@ -199,3 +199,26 @@ def test_the_running_app_sweeps_host_health_by_itself(api: Api) -> None:
                 break
             time.sleep(0.1)
     assert state == "unreachable"
+
+
+def test_heartbeats_answered_in_the_fast_lane_keep_errors_and_metrics(api: Api) -> None:
+    agent = api.register("gpu-1")["agent_token"]
+    # The first heartbeat verifies the token in the store; later ones find it cached and take
+    # the fast lane, which must give the same replies, errors and request counts.
+    assert api.heartbeat(agent).status_code == 200
+    fast = api.heartbeat(agent, applied_generation=1)
+    assert fast.status_code == 200 and fast.headers["content-type"] == "application/json"
+    assert HeartbeatReply(**fast.json()).host_state == "ready"
+    bad = api.heartbeat(agent, gpus=[{"index": "zero"}])
+    assert bad.status_code == 422 and "gpus" in bad.text
+    text = api.client.get("/metrics").text
+    route = 'method="POST",route="/api/v1/agents/heartbeat"'
+    assert f'dctl_http_requests_total{{{route},status="200"}} 2.0' in text
+    assert f'dctl_http_requests_total{{{route},status="422"}} 1.0' in text
+    # Another replica removed the host: its token is still cached here, the write finds no
+    # host row, and the agent is told to register again.
+    with api.engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM apitoken WHERE host_id IS NOT NULL"))
+        conn.execute(sa.text("DELETE FROM host"))
+    gone = api.heartbeat(agent)
+    assert gone.status_code == 404 and gone.json()["error"] == "host_removed"
