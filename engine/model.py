@@ -197,15 +197,28 @@ class MoE(nn.Module):
         # Token order grouped by expert: one matmul per active expert, not per token.
         grouped = x[order // self.top_k]
         out = torch.empty_like(grouped)
+        # The loop runs once per active expert (dozens per layer in real checkpoints), so it
+        # keeps per-expert work to the matmuls: the down projection writes its rows in place.
+        w_gate_up, w_down = self.w_gate_up, self.w_down
+        widen = None if scratch is None or w_gate_up.dtype == x.dtype else scratch.widen
         start = 0
         for e, c in enumerate(counts.tolist()):
             if c == 0:
                 continue
             end = start + c
-            gate, up = project(grouped[start:end], self.w_gate_up[e], scratch=scratch).chunk(
-                2, dim=-1
-            )
-            out[start:end] = project(F.silu(gate) * up, self.w_down[e], scratch=scratch)
+            gu, down = w_gate_up[e], w_down[e]
+            if widen is not None:
+                gu = widen(gu, x.dtype)
+            elif gu.dtype != x.dtype:
+                gu = gu.to(x.dtype)
+            gate, up = torch.mm(grouped[start:end], gu.t()).chunk(2, dim=-1)
+            hidden = F.silu(gate).mul_(up)
+            # Widened after the gate/up matmul: both share the one scratch buffer.
+            if widen is not None:
+                down = widen(down, x.dtype)
+            elif down.dtype != x.dtype:
+                down = down.to(x.dtype)
+            torch.mm(hidden, down.t(), out=out[start:end])
             start = end
         # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
         per_choice = torch.empty_like(out)
