@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from pydantic import TypeAdapter
@@ -84,6 +84,7 @@ class _Statements:
         )
 
 
+_T = TypeVar("_T")
 _DESIRED_LIST = TypeAdapter(list[DesiredInstance])
 _GPU_LIST = TypeAdapter(list[GpuStatus])
 
@@ -155,6 +156,10 @@ class HeartbeatService:
         """`handle` off the event loop, on the heartbeat writer threads."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._writer, self.handle, host_id, beat, files_base_url)
+
+    async def run_on_writer(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run `fn(*args)` on the writer threads (on SQLite: in turn with heartbeat writes)."""
+        return await asyncio.get_running_loop().run_in_executor(self._writer, fn, *args)
 
     def close(self) -> None:
         """Stop the writer threads (after the heartbeats they hold are handled).

@@ -6,8 +6,10 @@ import time
 
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
+from sqlmodel import col
 
 from controlplane.app import create_app
+from controlplane.models import ApiToken
 from controlplane.wire import HeartbeatReply, Manifest, RegisterResponse
 from tests.controlplane.conftest import Api, deploy, gpu, manifest, register_version
 
@@ -215,6 +217,22 @@ def test_heartbeats_answered_in_the_fast_lane_keep_errors_and_metrics(api: Api) 
     route = 'method="POST",route="/api/v1/agents/heartbeat"'
     assert f'dctl_http_requests_total{{{route},status="200"}} 2.0' in text
     assert f'dctl_http_requests_total{{{route},status="422"}} 1.0' in text
+    # Past the cache's lifetime the token is checked in the store again: still valid, then
+    # revoked by another replica.
+    api.clock.advance(6)
+    assert api.heartbeat(agent).status_code == 200
+    with api.engine.begin() as conn:
+        conn.execute(
+            sa.update(ApiToken)
+            .where(col(ApiToken.host_id).is_not(None))
+            .values(revoked_at=api.clock())
+        )
+    api.clock.advance(6)
+    refused = api.heartbeat(agent)
+    assert refused.status_code == 401 and "revoked" in refused.json()["message"]
+    with api.engine.begin() as conn:
+        conn.execute(sa.update(ApiToken).values(revoked_at=None))
+    assert api.heartbeat(agent).status_code == 200
     # Another replica removed the host: its token is still cached here, the write finds no
     # host row, and the agent is told to register again.
     with api.engine.begin() as conn:
