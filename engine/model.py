@@ -31,50 +31,24 @@ class RMSNorm(nn.Module):
         return self.weight * normed.to(x.dtype)
 
 
-class Scratch:
-    """A reusable buffer that narrower-stored weights are widened into, one matrix at a time.
-
-    Widening into a fresh tensor each call costs an allocation of up to a few MiB, which the
-    allocator hands back to the OS and faults in again (page zeroing) on every call: that made
-    widening several times slower than the copy itself. One buffer per forward avoids it, at the
-    cost of holding the largest widened matrix (or LM head slice) between calls.
-    """
-
-    def __init__(self) -> None:
-        self.buf: Tensor | None = None
-
-    def widen(self, weight: Tensor, dtype: torch.dtype) -> Tensor:
-        """`weight` as `dtype`, valid until the next call (a view of the buffer)."""
-        n = weight.numel()
-        buf = self.buf
-        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != weight.device:
-            buf = self.buf = torch.empty(n, dtype=dtype, device=weight.device)
-        return buf[:n].view(weight.shape).copy_(weight)
-
-
-def project(
-    x: Tensor, weight: Tensor, bias: Tensor | None = None, scratch: Scratch | None = None
-) -> Tensor:
+def project(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias in x's dtype; weights stored narrower than the compute dtype are
-    widened here, one matrix at a time (into `scratch` when given), so the widened copy stays
-    in cache."""
+    widened here, one matrix at a time, so the widened copy stays in cache."""
     if weight.dtype != x.dtype:
-        weight = weight.to(x.dtype) if scratch is None else scratch.widen(weight, x.dtype)
+        weight = weight.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
     return F.linear(x, weight, bias)
 
 
-def vocab_logits(x: Tensor, weight: Tensor, scratch: Scratch | None = None) -> Tensor:
+def vocab_logits(x: Tensor, weight: Tensor) -> Tensor:
     """The LM head; a narrower-stored head is widened in slices of ~4 MiB, never all at once
     (few, large slices: every op is a parallel region that a busy CPU makes expensive)."""
     if weight.dtype == x.dtype:
         return F.linear(x, weight)
-    scratch = scratch or Scratch()
     rows = max(1, (1 << 20) // weight.shape[1])
     out = x.new_empty(x.shape[0], weight.shape[0])
     for start in range(0, weight.shape[0], rows):
-        piece = scratch.widen(weight[start : start + rows], x.dtype)
-        torch.mm(x, piece.t(), out=out[:, start : start + rows])
+        out[:, start : start + rows] = F.linear(x, weight[start : start + rows].to(x.dtype))
     return out
 
 
@@ -125,9 +99,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: _Step, layer: int) -> Tensor:
         """Attends x (N, T, hidden) to the cached prefix and to itself under ctx's mask."""
         n, t, _ = x.shape
-        q, k, v = project(x, self.wqkv.weight, self.wqkv.bias, ctx.scratch).split(
-            self.split, dim=-1
-        )
+        q, k, v = project(x, self.wqkv.weight, self.wqkv.bias).split(self.split, dim=-1)
         q = self.q_norm(q.view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = v.view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
@@ -149,9 +121,7 @@ class Attention(nn.Module):
             is_causal=ctx.mask is None and t > 1,
             enable_gqa=self.num_kv_heads != self.num_heads,
         )
-        return project(
-            out.transpose(1, 2).reshape(n, t, -1), self.wo.weight, self.wo.bias, ctx.scratch
-        )
+        return project(out.transpose(1, 2).reshape(n, t, -1), self.wo.weight, self.wo.bias)
 
 
 class DenseMLP(nn.Module):
@@ -164,10 +134,10 @@ class DenseMLP(nn.Module):
         self.w_gate_up = nn.Linear(hidden, 2 * inter, bias=False, dtype=dtype, device=device)
         self.w_down = nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device)
 
-    def forward(self, x: Tensor, scratch: Scratch | None = None) -> Tensor:
+    def forward(self, x: Tensor) -> Tensor:
         """x (S, hidden) -> (S, hidden)."""
-        gate, up = project(x, self.w_gate_up.weight, scratch=scratch).chunk(2, dim=-1)
-        return project(F.silu(gate) * up, self.w_down.weight, scratch=scratch)
+        gate, up = project(x, self.w_gate_up.weight).chunk(2, dim=-1)
+        return project(F.silu(gate) * up, self.w_down.weight)
 
 
 class MoE(nn.Module):
@@ -183,11 +153,11 @@ class MoE(nn.Module):
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
 
-    def forward(self, x: Tensor, scratch: Scratch | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (S, hidden) -> (output (S, hidden), tokens routed to each expert (E,) int64)."""
         s = x.shape[0]
         # Routing probabilities in fp32, so bf16 models pick the same experts as the reference.
-        probs = project(x, self.router, scratch=scratch).softmax(dim=-1, dtype=torch.float32)
+        probs = project(x, self.router).softmax(dim=-1, dtype=torch.float32)
         weights, experts = probs.topk(self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -199,26 +169,15 @@ class MoE(nn.Module):
         out = torch.empty_like(grouped)
         # The loop runs once per active expert (dozens per layer in real checkpoints), so it
         # keeps per-expert work to the matmuls: the down projection writes its rows in place.
-        w_gate_up, w_down = self.w_gate_up, self.w_down
-        widen = None if scratch is None or w_gate_up.dtype == x.dtype else scratch.widen
+        w_gate_up, w_down, dtype = self.w_gate_up, self.w_down, x.dtype
         start = 0
         for e, c in enumerate(counts.tolist()):
             if c == 0:
                 continue
             end = start + c
-            gu, down = w_gate_up[e], w_down[e]
-            if widen is not None:
-                gu = widen(gu, x.dtype)
-            elif gu.dtype != x.dtype:
-                gu = gu.to(x.dtype)
-            gate, up = torch.mm(grouped[start:end], gu.t()).chunk(2, dim=-1)
+            gate, up = torch.mm(grouped[start:end], w_gate_up[e].to(dtype).t()).chunk(2, dim=-1)
             hidden = F.silu(gate).mul_(up)
-            # Widened after the gate/up matmul: both share the one scratch buffer.
-            if widen is not None:
-                down = widen(down, x.dtype)
-            elif down.dtype != x.dtype:
-                down = down.to(x.dtype)
-            torch.mm(hidden, down.t(), out=out[start:end])
+            torch.mm(hidden, w_down[e].to(dtype).t(), out=out[start:end])
             start = end
         # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
         per_choice = torch.empty_like(out)
@@ -251,11 +210,11 @@ class DecoderLayer(nn.Module):
         x = x.view(-1, x.shape[-1]) if rows is None else x.view(-1, x.shape[-1])[rows]
         h = self.mlp_norm(x)
         if isinstance(self.mlp, MoE):
-            out, counts = self.mlp(h, ctx.scratch)
+            out, counts = self.mlp(h)
             if ctx.expert_counts is not None:
                 ctx.expert_counts[self.index] += counts
         else:
-            out = self.mlp(h, ctx.scratch)
+            out = self.mlp(h)
         return x + out
 
 
@@ -272,7 +231,6 @@ class _Step:
     cached_len: int
     write_cache: bool
     expert_counts: Tensor | None
-    scratch: Scratch
 
 
 def attention_mask(
@@ -443,9 +401,7 @@ class Model(nn.Module):
         dtype = self.compute_dtype
         cos, sin = emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
         counts = self.expert_counts_total if self._track_experts else None
-        ctx = _Step(
-            cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts, Scratch()
-        )
+        ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
 
         x = self.embed(input_ids).to(dtype)
         *body, last = self.layers
@@ -454,5 +410,5 @@ class Model(nn.Module):
         # Every layer's keys and values cover all rows, but past the last attention only the
         # rows the caller samples from matter: MLP, norm and LM head run for those alone.
         x = last(x, ctx, logits_rows)
-        logits = vocab_logits(self.norm(x), self.lm_head.weight, ctx.scratch).float()
+        logits = vocab_logits(self.norm(x), self.lm_head.weight).float()
         return logits if logits_rows is not None else logits.view(n, t, -1)
