@@ -29,32 +29,10 @@ from typing import Any
 
 import torch
 
-# The engine issues' benchmark config (the same as bench/engine_forward.py).
-BENCH_CONFIG: dict[str, Any] = {
-    "vocab_size": 32000,
-    "hidden_size": 512,
-    "intermediate_size": 1024,
-    "moe_intermediate_size": 256,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "num_experts": 16,
-    "num_experts_per_tok": 2,
-    "norm_topk_prob": True,
-    "max_position_embeddings": 4096,
-}
-SMOKE_CONFIG: dict[str, Any] = {
-    **BENCH_CONFIG,
-    "vocab_size": 1000,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "head_dim": 16,
-    "num_experts": 4,
-}
+# The engine issues' benchmark config: one definition, in the forward benchmark beside this
+# script (run as a script, its folder is on sys.path).
+from engine_forward import BENCH_CONFIG, SMOKE_CONFIG
+
 MASK_ID = 3
 
 
