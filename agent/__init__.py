@@ -3,5 +3,5 @@
 Modules: `gpu` (NVML and fake backends), `preflight`, `snapshots` (+ `snapshot_fetcher`),
 `supervisor` (+ `instance_spec`, `engine_process`), `engine_metrics`, `metrics` (the agent's own
 /metrics), `control_plane` (the wire calls), `host_facts`, and `runtime` (the main loop).
-It imports only `controlplane.wire` of the control plane and never the engine.
+It imports only `protocol.wire` of the control plane and never the engine.
 """

@@ -11,7 +11,7 @@ from typing import Protocol
 import httpx
 from pydantic import ValidationError
 
-from controlplane.wire import (
+from protocol.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     Heartbeat,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.wire import HistogramDelta, InstanceMetrics
+from protocol.wire import HistogramDelta, InstanceMetrics
 
 # Label sets whose size grows with the model (layer x expert) stay out of the heartbeat: the
 # engine's own /metrics has them for Prometheus.

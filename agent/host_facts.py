@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from agent.gpu import GpuSnapshot
-from controlplane.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck
+from protocol.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck
 
 
 def default_host_name() -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
-from controlplane.wire import CheckStatus, MemoryPlan, PreflightCheck
+from protocol.wire import CheckStatus, MemoryPlan, PreflightCheck
 
 GIB = 1024**3
 # The probe prints one JSON line; it must not import anything of dctl.

@@ -34,7 +34,7 @@ from agent.preflight import PreflightReport, memory_check
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
-from controlplane.wire import (
+from protocol.wire import (
     DEFAULT_PORT_RANGE,
     DesiredInstance,
     DesiredInstanceState,

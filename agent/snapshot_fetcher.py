@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
-from controlplane.wire import ModelVersionRef, SnapshotProgress
+from protocol.wire import ModelVersionRef, SnapshotProgress
 
 log = logging.getLogger("dctl.agent.snapshots")
 # A rejected snapshot will not fix itself; an interrupted one might soon.

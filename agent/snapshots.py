@@ -22,11 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import quote
 
 import httpx
 
-from controlplane.wire import Manifest, ManifestEntry, SnapshotProgress
+from protocol.manifest import hash_file
+from protocol.sources import local_source_dir
+from protocol.wire import Manifest, ManifestEntry, SnapshotProgress
 
 CHUNK = 1 << 20
 DEFAULT_KEEP = 3
@@ -164,7 +166,8 @@ class SnapshotStore:
         partial = self.root / "partial" / digest
         partial.mkdir(parents=True, exist_ok=True)
         meter = _Meter(digest, manifest.total_bytes(), progress, cancel)
-        local = _local_source(source_uri)
+        source_dir = local_source_dir(source_uri)
+        local = None if source_dir is None else Path(source_dir)
         try:
             for entry in manifest.files:
                 target = partial / entry.path
@@ -262,7 +265,7 @@ class SnapshotStore:
         bad = []
         for entry in manifest.files:
             path = self.path_for(digest) / entry.path
-            if not path.is_file() or _hash_file(path) != (entry.size, entry.sha256):
+            if not path.is_file() or hash_file(path) != (entry.size, entry.sha256):
                 bad.append(entry.path)
         return VerifyResult(digest=digest, ok=not bad, bad_files=bad)
 
@@ -281,15 +284,6 @@ class SnapshotStore:
         return removed
 
 
-def _local_source(source_uri: str) -> Path | None:
-    parsed = urlparse(source_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme in ("", "local") or (len(parsed.scheme) == 1 and os.name == "nt"):
-        return Path(source_uri)
-    return None
-
-
 def _copy_hashing(source: Path, target: Path, meter: _Meter) -> tuple[int, str]:
     digest = hashlib.sha256()
     size = 0
@@ -299,14 +293,4 @@ def _copy_hashing(source: Path, target: Path, meter: _Meter) -> tuple[int, str]:
             digest.update(chunk)
             size += len(chunk)
             meter.add(len(chunk))
-    return size, digest.hexdigest()
-
-
-def _hash_file(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
     return size, digest.hexdigest()

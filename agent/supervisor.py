@@ -38,7 +38,7 @@ from agent.engine_process import (
 )
 from agent.gpu import EngineLoad
 from agent.instance_spec import InstanceSpec, SupervisorPolicy, engine_config
-from controlplane.wire import ExitInfo, InstanceState, ObservedInstance
+from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
 log = logging.getLogger("dctl.agent.supervisor")
 Clock = Callable[[], float]
@@ -84,7 +84,7 @@ class Supervisor:
         self.launcher, self.prober, self.clock = launcher, prober, clock
         self.policy = policy or SupervisorPolicy()
         self.engine_command = engine_command or [
-            sys.executable, "-m", "controlplane.cli", "engine", "serve"]  # fmt: skip
+            sys.executable, "-m", "cli", "engine", "serve"]  # fmt: skip
         self.on_transition = on_transition
         self.env = env if env is not None else dict(os.environ)
         self._instances: dict[int, _Instance] = {}

@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="3 runs, for the test suite")
     args = parser.parse_args(argv)
     runs = 3 if args.smoke else args.runs
-    help_s = median_seconds([sys.executable, "-m", "controlplane.cli", "--help"], runs)
+    help_s = median_seconds([sys.executable, "-m", "cli", "--help"], runs)
     bare_s = median_seconds([sys.executable, "-c", "pass"], runs)
     print(f"dctl --help: median {help_s * 1000:.0f} ms over {runs} runs (goal < 500 ms)")
     print(

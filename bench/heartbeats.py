@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from controlplane.wire import (
+from protocol.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     GpuStatus,
@@ -48,7 +48,7 @@ from controlplane.wire import (
 
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-SERVER_CMD = [sys.executable, "-m", "controlplane.cli", "server"]
+SERVER_CMD = [sys.executable, "-m", "cli", "server"]
 
 
 def heartbeat_body(host: int, rng: random.Random) -> bytes:

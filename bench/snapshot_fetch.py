@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.snapshots import SnapshotError, SnapshotStore
-from controlplane.manifest import compute_manifest
+from protocol.manifest import compute_manifest
 
 MB = 1024 * 1024
 

@@ -24,7 +24,7 @@ from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthMonitor
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.settings import ControlPlaneSettings
-from controlplane.wire import HEARTBEAT_PATH, Heartbeat
+from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 log = logging.getLogger("controlplane.app")
 

@@ -27,7 +27,8 @@ from sqlmodel import col
 from controlplane.models import Deployment, Event, Gpu, Instance, Model, UTCDateTime
 from controlplane.models import ModelVersion as VersionRow
 from controlplane.samples import HostSampleBucket
-from controlplane.wire import (
+from protocol.sources import local_source_dir
+from protocol.wire import (
     DesiredInstance,
     GpuStatus,
     Heartbeat,
@@ -105,15 +106,6 @@ class _HostCache:
     observed: dict[int, tuple[Any, ...]] = field(default_factory=dict)
     desired_generation: int = -1
     desired_json: bytes = b"[]"
-
-
-def local_source_dir(source_uri: str) -> str | None:
-    """The directory of a local source (`/abs/path` or `file:///abs/path`), else None."""
-    if source_uri.startswith("file://"):
-        return source_uri[len("file://") :] or None
-    if source_uri.startswith("/"):
-        return source_uri
-    return None
 
 
 # Heartbeat writer threads per dialect. SQLite has one writer anyway. PostgreSQL gets a few,

@@ -13,7 +13,7 @@ from sqlmodel import Session, col
 
 from controlplane.eventlog import record_event
 from controlplane.models import Host, MetricSample
-from controlplane.wire import HostState
+from protocol.wire import HostState
 
 NOT_READY_AFTER_INTERVALS = 3
 UNREACHABLE_AFTER_INTERVALS = 10

@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.models import Host
-from controlplane.wire import HostState
+from protocol.wire import HostState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

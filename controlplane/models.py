@@ -57,6 +57,8 @@ class Host(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=63, unique=True)
     labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
+    # Where engines on this host listen and the agent's probes reach them (IP or DNS name).
+    advertise_address: str | None = Field(default=None, max_length=255)
     state: str = Field(default="ready", max_length=16, index=True)
     draining: bool = False
     registered_at: datetime = Field(sa_column=utc_column(False))
@@ -69,6 +71,9 @@ class Host(SQLModel, table=True):
     # Grows whenever this host's desired state changes; the agent echoes what it applied.
     desired_generation: int = 1
     applied_generation: int = 0
+    # Grows with every write of observed state (heartbeat, registration), whichever replica
+    # made it: a replica whose last write was not the one before knows its caches are stale.
+    heartbeat_seq: int = 0
 
 
 class Gpu(SQLModel, table=True):
@@ -126,6 +131,8 @@ class Deployment(SQLModel, table=True):
     placement_hosts: list[str] = Field(default_factory=list, sa_column=json_column(False))
     placement_labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
     instances_per_host: int = 1
+    # GPUs each instance gets (disjoint indices on its host); None: all GPUs of the host.
+    gpus_per_instance: int | None = None
     created_at: datetime = Field(sa_column=utc_column(False))
     updated_at: datetime = Field(sa_column=utc_column(False))
 
@@ -141,6 +148,10 @@ class Instance(SQLModel, table=True):
     version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
     ordinal: int = 0
     port: int
+    gpu_indices: list[int] = Field(default_factory=list, sa_column=json_column(False))
+    # The engine's only API key, generated here; readable by this host's agent and gateways only.
+    # Kept in clear (unlike bearer tokens): the gateway must present it to the engine.
+    api_key: str = Field(default="", max_length=128)
     desired_state: str = Field(default="running", max_length=16)
     observed_state: str = Field(default="pending", max_length=16)
     pid: int | None = None
@@ -170,6 +181,15 @@ class Rollout(SQLModel, table=True):
 
 
 ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back")
+
+
+class Lease(SQLModel, table=True):
+    """A named lease held by one control-plane replica until `expires_at` (controllers' leader)."""
+
+    name: str = Field(primary_key=True, max_length=64)
+    holder: str = Field(max_length=128)
+    acquired_at: datetime = Field(sa_column=utc_column(False))
+    expires_at: datetime = Field(sa_column=utc_column(False))
 
 
 class Event(SQLModel, table=True):

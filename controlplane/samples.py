@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 from sqlmodel import col
 
 from controlplane.models import Instance, MetricSample
-from controlplane.wire import GpuStatus, Heartbeat
+from protocol.wire import GpuStatus, Heartbeat
 
 SAMPLE_BUCKET_S = 10
 GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")

@@ -29,8 +29,8 @@ _LAZY: dict[str, str] = {
     "RequestStats": "engine.core",
     "StepStats": "engine.core",
     "create_demo_checkpoint": "engine.demo_checkpoint",
-    "ServeConfig": "engine.serve_config",
-    "load_serve_config": "engine.serve_config",
+    "ServeConfig": "protocol.engine_config",
+    "load_serve_config": "protocol.engine_config",
 }
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from engine.llm import LLM, RequestOutput
     from engine.loader import load_checkpoint_config, load_model, load_tokenizer
     from engine.model import Model
-    from engine.serve_config import ServeConfig, load_serve_config
     from engine.tokenizer import Tokenizer
+    from protocol.engine_config import ServeConfig, load_serve_config
 
 
 def __getattr__(name: str) -> Any:

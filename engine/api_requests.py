@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.errors import ContextLengthExceeded, InvalidParams
-from engine.openai_api import ApiError, BaseRequest, ChatCompletionRequest
 from engine.params import SamplingParams
-from engine.serve_config import ModelSection
+from protocol.engine_config import ModelSection
+from protocol.openai import ApiError, BaseRequest, ChatCompletionRequest
 
 # Defaults when a request leaves max_tokens out: OpenAI's 16 for completions; a chat answer
 # gets the room left in the context, capped here.

@@ -22,7 +22,7 @@ from contextlib import asynccontextmanager
 from types import FrameType
 from typing import Any
 
-from engine.serve_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
+from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
 
 log = logging.getLogger("engine.serve")
 

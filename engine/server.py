@@ -35,7 +35,9 @@ from engine.api_requests import (
 from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFull
 from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
-from engine.openai_api import (
+from engine.params import SamplingParams
+from protocol.engine_config import ServeConfig
+from protocol.openai import (
     ApiError,
     BaseRequest,
     ChatCompletionRequest,
@@ -47,8 +49,6 @@ from engine.openai_api import (
     completion_chunk,
     new_id,
 )
-from engine.params import SamplingParams
-from engine.serve_config import ServeConfig
 
 log = logging.getLogger("engine.server")
 

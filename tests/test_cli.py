@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DCTL = [sys.executable, "-m", "controlplane.cli"]
+DCTL = [sys.executable, "-m", "cli"]
 GROUPS = ["up", "server", "agent", "engine", "tui", "host", "model", "deploy", "rollout",
           "rollback", "restart", "status", "events", "db", "token"]  # fmt: skip
 
@@ -54,7 +54,7 @@ def test_help_imports_no_heavy_package() -> None:
     probe = (
         "import sys, json\n"
         "sys.argv = ['dctl', '--help']\n"
-        "from controlplane.cli.app import main\n"
+        "from cli.app import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print(json.dumps(sorted(sys.modules)), file=sys.stderr)\n"
     )
@@ -93,7 +93,7 @@ def test_invalid_setting_fails_with_one_line_naming_it(env: dict[str, str], need
 def test_ctrl_c_exits_130_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from controlplane.cli import app as cli_app
+    from cli import app as cli_app
 
     def interrupted() -> None:
         raise KeyboardInterrupt

@@ -8,7 +8,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("controlplane", "agent", "engine", "tui")
+PARTS = ("protocol", "client", "cli", "controlplane", "agent", "engine", "tui")
+# What each part may import of the project (itself always). `cli` is the composition root.
+ALLOWED: dict[str, set[str]] = {
+    "protocol": set(),
+    "client": {"protocol"},
+    "engine": {"protocol"},
+    "agent": {"protocol"},
+    # alembic's migrations belong to the control plane's store.
+    "controlplane": {"protocol", "migrations"},
+    "tui": {"protocol", "client"},
+    "cli": set(PARTS) | {"migrations"},
+}
+# Besides the standard library, the contracts use pydantic (+ pydantic-settings) and PyYAML.
+PROTOCOL_THIRD_PARTY = {"pydantic", "pydantic_settings", "pydantic_core", "yaml"}
 
 
 def imports_of(path: Path, root: Path = ROOT) -> set[str]:
@@ -27,7 +40,7 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
             else:
                 module = node.module or ""
             found.add(module)
-            # `from controlplane import wire` imports controlplane.wire.
+            # `from controlplane import wire` imports protocol.wire.
             found.update(f"{module}.{alias.name}" for alias in node.names)
         elif (
             isinstance(node, ast.Call)
@@ -41,27 +54,19 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
 
 def violations(part: str, module: str, imported: str) -> str | None:
     """Why `module` (in `part`) may not import `imported`, or None when it may."""
-    top = imported.split(".")[0]
-    if top == "textual" and part != "tui":
-        return "only tui imports textual"
-    if part == "engine" and top in PARTS and top != "engine":
-        return "engine imports none of the other parts"
-    if part == "agent":
-        if top == "engine":
-            return "agent runs the engine as a subprocess, never imports it"
-        if top == "tui":
-            return "agent never imports tui"
-        wire = imported == "controlplane.wire" or imported.startswith("controlplane.wire.")
-        if top == "controlplane" and imported != "controlplane" and not wire:
-            return "agent imports only controlplane.wire of the control plane"
-    cli = module.startswith("controlplane.cli")
-    if part == "controlplane" and not cli and top in {"agent", "engine", "tui"}:
-        return "controlplane imports neither agent, engine nor tui (only controlplane.cli may)"
-    if module == "controlplane.wire" and top not in {"pydantic", "__future__"}:
-        import sys
+    import sys
 
-        if top not in sys.stdlib_module_names:
-            return "controlplane.wire imports only pydantic and the standard library"
+    top = imported.split(".")[0]
+    if top == "textual" and part not in {"tui", "cli"}:
+        return "only tui imports textual"
+    if top in {*PARTS, "migrations"} and top != part and top not in ALLOWED[part]:
+        allowed = ", ".join(sorted(ALLOWED[part])) or "nothing"
+        return f"{part} imports only {allowed} of the project, not {top}"
+    allowed_top = PROTOCOL_THIRD_PARTY | {"protocol", "__future__"}
+    if part == "protocol" and top not in allowed_top and top not in sys.stdlib_module_names:
+        return "protocol imports only pydantic, PyYAML and the standard library"
+    if part in {"client", "tui"} and top in {"sqlmodel", "sqlalchemy", "fastapi", "torch"}:
+        return f"{part} stays importable without sqlmodel, sqlalchemy, fastapi and torch"
     return None
 
 
@@ -84,13 +89,19 @@ def test_the_tree_respects_the_layering() -> None:
 @pytest.mark.parametrize(
     ("relpath", "source", "reason"),
     [
-        ("engine/bad.py", "from agent import gpu\n", "engine imports none"),
-        ("engine/bad.py", "def f():\n    import controlplane.models\n", "engine imports none"),
-        ("agent/bad.py", "from controlplane import models\n", "only controlplane.wire"),
-        ("agent/bad.py", "from controlplane.wire import Heartbeat\nimport engine\n", "subprocess"),
-        ("controlplane/bad.py", "def f():\n    from engine import LLM\n", "controlplane imports"),
+        ("engine/bad.py", "from agent import gpu\n", "engine imports only protocol"),
+        ("engine/bad.py", "def f():\n    import controlplane.models\n", "engine imports only"),
+        ("agent/bad.py", "from controlplane import models\n", "agent imports only protocol"),
+        ("agent/bad.py", "from protocol.wire import Heartbeat\nimport engine\n", "not engine"),
+        ("controlplane/bad.py", "def f():\n    from engine import LLM\n", "not engine"),
+        ("controlplane/bad.py", "from cli import app\n", "not cli"),
         ("controlplane/bad.py", "import textual\n", "only tui imports textual"),
-        ("controlplane/wire.py", "import sqlalchemy\n", "only pydantic"),
+        ("protocol/wire.py", "import sqlalchemy\n", "only pydantic"),
+        ("protocol/bad.py", "from controlplane import models\n", "protocol imports only nothing"),
+        ("client/bad.py", "import sqlmodel\n", "without sqlmodel"),
+        ("client/bad.py", "from controlplane.models import Host\n", "client imports only"),
+        ("tui/bad.py", "from controlplane import db\n", "tui imports only client, protocol"),
+        ("tui/bad.py", "import torch\n", "without sqlmodel"),
         ("agent/sub/bad.py", "from .. import x\nfrom ...controlplane import api\n", "only"),
     ],
 )
@@ -110,10 +121,9 @@ def test_a_forbidden_import_is_caught(
 def test_allowed_imports_pass(tmp_path: Path) -> None:
     for part in PARTS:
         (tmp_path / part).mkdir()
-    (tmp_path / "agent" / "ok.py").write_text(
-        "from controlplane.wire import Heartbeat\nimport json\n"
-    )
-    (tmp_path / "controlplane" / "cli").mkdir()
-    (tmp_path / "controlplane" / "cli" / "ok.py").write_text("def f():\n    import engine\n")
-    (tmp_path / "tui" / "ok.py").write_text("import textual\nfrom controlplane import client\n")
+    (tmp_path / "agent" / "ok.py").write_text("from protocol.wire import Heartbeat\nimport json\n")
+    (tmp_path / "cli" / "ok.py").write_text("def f():\n    import engine\n    import agent\n")
+    (tmp_path / "tui" / "ok.py").write_text("import textual\nfrom client import http\n")
+    (tmp_path / "protocol" / "ok.py").write_text("import pydantic\nimport yaml\nimport json\n")
+    (tmp_path / "controlplane" / "ok.py").write_text("import sqlmodel\nfrom protocol import wire\n")
     assert all_violations(tmp_path) == []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.logs import configure_logging
 from controlplane.settings import SettingsError, load_controlplane_settings
+from protocol.logs import configure_logging
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from controlplane.eventlog import record_event
 from controlplane.heartbeats import UnknownHostError
 from controlplane.models import ApiToken, Host
 from controlplane.placement import reconcile_host
-from controlplane.wire import Heartbeat, HeartbeatReply, RegisterRequest, RegisterResponse
+from protocol.wire import Heartbeat, HeartbeatReply, RegisterRequest, RegisterResponse
 
 router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
 

@@ -15,7 +15,7 @@ from controlplane.api.views import deployment_out
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion
 from controlplane.placement import PlacementError, bump_generation, reconcile_deployment
-from controlplane.schemas import DeploymentCreate, DeploymentOut, DeploymentUpdate, Placement
+from protocol.rest import DeploymentCreate, DeploymentOut, DeploymentUpdate, Placement
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
 

@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controlplane.services.errors import DomainError
+
 log = logging.getLogger("controlplane.api")
 
 
@@ -55,6 +57,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
         return JSONResponse(_body(exc.code, exc.message), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
+        return JSONResponse(_body(exc.code, exc.message), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -10,7 +10,7 @@ from sqlmodel import col, select
 
 from controlplane.api.deps import SessionDep, Viewer
 from controlplane.models import Event
-from controlplane.schemas import EventOut, EventPage
+from protocol.rest import EventOut, EventPage
 
 router = APIRouter(prefix="/api/v1/events", tags=["events"])
 

@@ -11,7 +11,7 @@ from controlplane.api.errors import ApiError
 from controlplane.db import ping
 from controlplane.metrics import CONTENT_TYPE
 from controlplane.models import Deployment, Gpu, Host, Instance, Model, ModelVersion
-from controlplane.schemas import FleetStatus
+from protocol.rest import FleetStatus
 
 router = APIRouter(tags=["health"])
 

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from controlplane.api.deps import AppContext
 from controlplane.auth import Principal, Role, authenticate, parse_authorization
 from controlplane.db import session_scope
-from controlplane.wire import HEARTBEAT_PATH, Heartbeat
+from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 # A heartbeat of a big host is tens of KiB; past this the regular route (and its body limit)
 # takes over.

@@ -14,8 +14,8 @@ from controlplane.api.views import host_out, instances_out
 from controlplane.eventlog import record_event
 from controlplane.models import Host, Instance, MetricSample
 from controlplane.placement import reconcile_host
-from controlplane.schemas import HostOut, SeriesOut
-from controlplane.wire import HostState
+from protocol.rest import HostOut, SeriesOut
+from protocol.wire import HostState
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
 

@@ -14,10 +14,10 @@ from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer, View
 from controlplane.api.errors import ApiError, conflict, invalid, not_found
 from controlplane.api.views import model_out, parent_refs, version_out
 from controlplane.eventlog import record_event
-from controlplane.heartbeats import local_source_dir
 from controlplane.models import Model, ModelVersion
-from controlplane.schemas import ModelOut, RegisterVersionRequest, VersionOut, split_ref
-from controlplane.wire import NAME_PATTERN
+from protocol.rest import ModelOut, RegisterVersionRequest, VersionOut, split_ref
+from protocol.sources import SourceUriError, check_source_uri, local_source_dir
+from protocol.wire import NAME_PATTERN
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
 
@@ -77,10 +77,10 @@ def register_version(
             f"digest {body.digest} does not match the manifest's digest {digest}: "
             "recompute the manifest"
         )
-    if local_source_dir(body.source_uri) is None and "://" not in body.source_uri:
-        raise invalid(
-            f"source_uri {body.source_uri!r}: use an absolute path, file:///PATH or a URL"
-        )
+    try:
+        check_source_uri(body.source_uri)
+    except SourceUriError as exc:
+        raise invalid(str(exc)) from exc
     now = ctx.clock()
     model = session.exec(select(Model).where(Model.name == name)).first()
     if model is not None:

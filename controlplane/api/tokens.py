@@ -14,7 +14,7 @@ from controlplane.api.errors import conflict, not_found
 from controlplane.auth import Role, mint_token
 from controlplane.eventlog import record_event
 from controlplane.models import ApiToken, Host
-from controlplane.schemas import TokenCreate, TokenCreated, TokenOut
+from protocol.rest import TokenCreate, TokenCreated, TokenOut
 
 router = APIRouter(prefix="/api/v1/tokens", tags=["tokens"])
 

@@ -1,4 +1,4 @@
-"""Rows -> API bodies (`controlplane.schemas`)."""
+"""Rows -> API bodies (`protocol.rest`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion
-from controlplane.schemas import (
+from protocol.rest import (
     DeploymentOut,
     HostOut,
     InstanceOut,
@@ -15,7 +15,7 @@ from controlplane.schemas import (
     Placement,
     VersionOut,
 )
-from controlplane.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
+from protocol.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
 
 
 def instances_out(session: Session, *where: Any) -> list[InstanceOut]:

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.control_plane import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
 from agent.gpu import FakeBackend
 from agent.metrics import AgentMetrics
-from controlplane.wire import Heartbeat, HeartbeatReply
+from protocol.wire import Heartbeat, HeartbeatReply
 
 
 def test_gpu_gauges_in_base_units_skip_na_and_mark_lost_gpus() -> None:

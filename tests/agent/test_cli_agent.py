@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from agent.snapshots import SnapshotStore
-from controlplane.manifest import compute_manifest
+from protocol.manifest import compute_manifest
 
-DCTL = [sys.executable, "-m", "controlplane.cli"]
+DCTL = [sys.executable, "-m", "cli"]
 
 
 def dctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

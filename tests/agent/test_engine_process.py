@@ -15,7 +15,7 @@ import pytest
 from agent.engine_process import HttpProber, SubprocessLauncher
 from agent.instance_spec import InstanceSpec, SupervisorPolicy
 from agent.supervisor import Supervisor
-from controlplane.wire import InstanceState
+from protocol.wire import InstanceState
 
 STUB_ENGINE = """
 import http.server, sys, yaml

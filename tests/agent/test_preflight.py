@@ -9,7 +9,7 @@ import pytest
 
 from agent.gpu import BackendSelection, FakeBackend
 from agent.preflight import PreflightConfig, TorchInfo, probe_torch, run_preflight
-from controlplane.wire import MemoryPlan
+from protocol.wire import MemoryPlan
 
 GIB = 1024**3
 CUDA_TORCH = TorchInfo(version="2.13.0+cu124", cuda="12.4", devices=2)

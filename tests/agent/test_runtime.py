@@ -16,8 +16,8 @@ from agent.preflight import PreflightReport
 from agent.runtime import Agent, AgentConfig
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
-from controlplane.manifest import compute_manifest
-from controlplane.wire import (
+from protocol.manifest import compute_manifest
+from protocol.wire import (
     DesiredInstance,
     Heartbeat,
     HeartbeatReply,

@@ -13,8 +13,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from agent.snapshots import FetchCancelled, SnapshotError, SnapshotMismatch, SnapshotStore
-from controlplane.manifest import compute_manifest
-from controlplane.wire import SnapshotProgress
+from protocol.manifest import compute_manifest
+from protocol.wire import SnapshotProgress
 
 
 def make_checkpoint(root: Path, seed: int = 0) -> Path:

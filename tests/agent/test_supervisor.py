@@ -11,7 +11,7 @@ import yaml
 from agent.engine_process import PidRecord, rotate_log, truncate_if_large
 from agent.instance_spec import InstanceSpec, SupervisorPolicy, engine_config
 from agent.supervisor import Supervisor
-from controlplane.wire import InstanceState
+from protocol.wire import InstanceState
 from tests.agent.fakes import Clock, FakeLauncher, Health
 
 DIGEST = "a" * 64

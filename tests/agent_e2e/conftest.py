@@ -18,13 +18,13 @@ from typing import TypeVar
 
 import pytest
 
-from controlplane.client import ClientError, ControlPlaneClient
-from controlplane.credentials import CredentialsFile
-from controlplane.schemas import DeploymentCreate, InstanceOut, Placement, TokenCreate
+from client.credentials import CredentialsFile
+from client.http import ClientError, ControlPlaneClient
+from protocol.rest import DeploymentCreate, InstanceOut, Placement, TokenCreate
 
 T = TypeVar("T")
 HOST = "e2e-host"
-DCTL = [sys.executable, "-m", "controlplane.cli"]
+DCTL = [sys.executable, "-m", "cli"]
 
 
 def free_port() -> int:

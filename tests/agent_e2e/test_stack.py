@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.manifest import compute_manifest
-from controlplane.schemas import DeploymentUpdate
+from protocol.manifest import compute_manifest
+from protocol.rest import DeploymentUpdate
 from tests.agent_e2e.conftest import HOST, Stack, wait_for
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from controlplane.credentials import CredentialsFile
+from client.credentials import CredentialsFile
 from tests.agent_e2e.conftest import free_port
 
 
@@ -43,7 +43,7 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
     env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(config), XDG_DATA_HOME=str(tmp_path))
     port = free_port()
     up = subprocess.Popen(
-        [sys.executable, "-m", "controlplane.cli", "up", "--demo", "--data-dir", str(data_dir),
+        [sys.executable, "-m", "cli", "up", "--demo", "--data-dir", str(data_dir),
          "--port", str(port), "--size", "tiny"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-DCTL = [sys.executable, "-m", "controlplane.cli"]
+DCTL = [sys.executable, "-m", "cli"]
 
 
 def free_port() -> int:
@@ -131,7 +131,7 @@ class Dctl:
         self.runner = CliRunner()
 
     def __call__(self, *args: str, env: dict[str, str] | None = None, input: str = "") -> Result:
-        from controlplane.cli.app import app
+        from cli.app import app
 
         merged = {**self.env, **(env or {})}
         # The runner patches os.environ with these; unset DCTL_* from the outer environment.

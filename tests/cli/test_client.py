@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.client import ClientError, ControlPlaneClient
+from client.http import ClientError, ControlPlaneClient
 
 
 def client_answering(

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from controlplane.manifest import compute_manifest
-from controlplane.wire import (
+from protocol.manifest import compute_manifest
+from protocol.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     GpuStatus,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.credentials import Context, CredentialsError, CredentialsFile, resolve
+from client.credentials import Context, CredentialsError, CredentialsFile, resolve
 
 
 def mode(path: Path) -> int:

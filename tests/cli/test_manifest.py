@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.manifest import ManifestError, compute_manifest
+from protocol.manifest import ManifestError, compute_manifest
 
 
 def write(path: Path, data: bytes) -> None:

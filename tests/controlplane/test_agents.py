@@ -10,7 +10,7 @@ from sqlmodel import col
 
 from controlplane.app import create_app
 from controlplane.models import ApiToken
-from controlplane.wire import HeartbeatReply, Manifest, RegisterResponse
+from protocol.wire import HeartbeatReply, Manifest, RegisterResponse
 from tests.controlplane.conftest import Api, deploy, gpu, manifest, register_version
 
 

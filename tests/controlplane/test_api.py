@@ -16,7 +16,7 @@ from controlplane.auth import Role, mint_token
 from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
 from controlplane.settings import ControlPlaneSettings
-from controlplane.wire import Manifest
+from protocol.wire import Manifest
 from tests.controlplane.conftest import PG_ADMIN_URL, Api, deploy, manifest, register_version
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from controlplane.wire import Heartbeat, Manifest, ManifestEntry, MemoryPlan, RegisterRequest
+from protocol.wire import Heartbeat, Manifest, ManifestEntry, MemoryPlan, RegisterRequest
 
 
 def entry(path: str, size: int = 1, digit: str = "a") -> dict[str, object]:

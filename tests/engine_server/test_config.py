@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.serve_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
+from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
 from tests.engine_server.conftest import ROOT, free_port
 
 
@@ -103,7 +103,7 @@ def test_missing_model_path_and_bad_yaml(tmp_path: Path) -> None:
     "command",
     [
         [sys.executable, "-m", "engine.serve"],
-        [sys.executable, "-m", "controlplane.cli", "engine", "serve"],
+        [sys.executable, "-m", "cli", "engine", "serve"],
     ],
 )
 def test_the_commands_exit_2_with_one_line(

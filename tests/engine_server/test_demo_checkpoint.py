@@ -86,7 +86,7 @@ def test_chat_template_has_a_thinking_switch(demo_checkpoint: Path) -> None:
 def test_cli_writes_it_and_refuses_a_non_empty_directory(
     tmp_path: Path, demo_checkpoint: Path
 ) -> None:
-    dctl = [sys.executable, "-m", "controlplane.cli", "model", "create-demo"]
+    dctl = [sys.executable, "-m", "cli", "model", "create-demo"]
     target = tmp_path / "cli"
     ok = subprocess.run([*dctl, str(target)], capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr

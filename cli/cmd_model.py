@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controlplane.cli.exits import fail
-from controlplane.cli.output import (
+from cli.exits import fail
+from cli.output import (
     JSON_OPTION,
     Column,
     emit,
@@ -19,10 +19,10 @@ from controlplane.cli.output import (
     print_json,
     print_table,
 )
-from controlplane.cli.remote import connect, split_name_version
+from cli.remote import connect, split_name_version
 
 if TYPE_CHECKING:
-    from controlplane.wire import MemoryPlan
+    from protocol.wire import MemoryPlan
 
 model_app = typer.Typer(
     help="Model versions: weight snapshots with sha256 manifests.", no_args_is_help=True
@@ -81,7 +81,7 @@ def model_register(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Register NAME:VERSION from a checkpoint DIRECTORY: sha256 manifest plus memory plan."""
-    from controlplane.manifest import ManifestError, compute_manifest
+    from protocol.manifest import ManifestError, compute_manifest
 
     name, version = split_name_version(name_version)
     if parent is not None:
@@ -128,7 +128,7 @@ def memory_plan(directory: Path) -> tuple[MemoryPlan | None, str]:
     """The memory plan of a checkpoint, or None and why not; torch-free engine code only."""
     import json
 
-    from controlplane.wire import MemoryPlan
+    from protocol.wire import MemoryPlan
 
     try:
         from engine.config import ModelConfig

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from controlplane import paths
+from protocol import paths
 
 URL_ENV = "DCTL_URL"
 TOKEN_ENV = "DCTL_TOKEN"

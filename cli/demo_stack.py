@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from controlplane.cli.exits import CliError
+from cli.exits import CliError
 
 DEPLOYMENT = "demo"
 MODEL, VERSION = "demo", "v1"
@@ -93,7 +93,7 @@ class DemoStack:
     # --- processes -----------------------------------------------------------------------------
 
     def _dctl(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "controlplane.cli", *args]
+        return [sys.executable, "-m", "cli", *args]
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log_path = self.data_dir / "logs" / f"{name}.log"
@@ -156,7 +156,7 @@ class DemoStack:
 
     def _save_context(self, token: str) -> tuple[str, bool]:
         """Add a `demo` context (never overwriting one); returns its name and if it is current."""
-        from controlplane.credentials import CredentialsError, CredentialsFile
+        from client.credentials import CredentialsError, CredentialsFile
 
         store = CredentialsFile()
         try:
@@ -186,8 +186,8 @@ class DemoStack:
 
     def start(self) -> DemoEndpoints:
         """Bring the whole stack up and wait until the demo instance is ready."""
-        from controlplane.client import ClientError, ControlPlaneClient
-        from controlplane.schemas import DeploymentCreate, Placement, TokenCreate
+        from client.http import ClientError, ControlPlaneClient
+        from protocol.rest import DeploymentCreate, Placement, TokenCreate
 
         if not port_is_free(self.port):
             raise CliError(f"port {self.port} is in use: pass --port with a free port")

@@ -15,8 +15,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from controlplane.credentials import Context
-from controlplane.schemas import (
+from client.credentials import Context
+from protocol.rest import (
     DeploymentCreate,
     DeploymentOut,
     DeploymentUpdate,
@@ -29,7 +29,7 @@ from controlplane.schemas import (
     TokenOut,
     VersionOut,
 )
-from controlplane.wire import Manifest, MemoryPlan
+from protocol.wire import Manifest, MemoryPlan
 
 API = "/api/v1"
 M = TypeVar("M", bound=BaseModel)

@@ -36,6 +36,10 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, description="DNS-label-like: a
 VersionTag = Annotated[str, Field(pattern=VERSION_PATTERN, description="letters, digits, . _ -")]
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
 Port = Annotated[int, Field(ge=1, le=65535)]
+# An IPv4/IPv6 address or a DNS name other machines use to reach this host.
+Address = Annotated[
+    str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:%-]+$")
+]
 # Bounds that every database column can hold (32-bit ids and counters, 63-bit byte counts).
 INT32_MAX = 2**31 - 1
 BYTES_MAX = 2**62
@@ -169,6 +173,9 @@ class RegisterRequest(WireModel):
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     port_range: tuple[Port, Port] = DEFAULT_PORT_RANGE
     facts: HostFacts | None = None
+    advertise_address: Address | None = Field(
+        default=None, description="where engines on this host listen for other machines"
+    )
 
     @field_validator("labels")
     @classmethod
@@ -306,6 +313,7 @@ class Heartbeat(WireModel):
         default=0, ge=0, le=INT32_MAX, description="last desired state applied"
     )
     facts: HostFacts = Field(default_factory=HostFacts)
+    advertise_address: Address | None = None
     gpus: list[GpuStatus] = Field(default_factory=list, max_length=64)
     instances: list[ObservedInstance] = Field(default_factory=list, max_length=256)
     snapshots: list[SnapshotProgress] = Field(default_factory=list, max_length=64)
@@ -342,6 +350,14 @@ class DesiredInstance(WireModel):
     engine_config: dict[str, Any] = Field(default_factory=dict)
     desired_state: DesiredInstanceState = DesiredInstanceState.RUNNING
     gpu_indices: list[int] = Field(default_factory=list, description="empty: all GPUs")
+    bind_address: str = Field(
+        default="127.0.0.1", description="address the engine listens on: the host's advertise one"
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="the engine's API key; pass it through a 0600 file, never a command line",
+        repr=False,
+    )
 
 
 class HeartbeatReply(WireModel):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from controlplane.wire import Manifest, ManifestEntry
+from protocol.wire import Manifest, ManifestEntry
 
 _CHUNK = 1 << 20
 
@@ -28,7 +28,8 @@ class ManifestError(Exception):
     """The directory cannot become a weight snapshot; the message names the file and the fix."""
 
 
-def _hash_file(path: Path) -> tuple[int, str]:
+def hash_file(path: Path) -> tuple[int, str]:
+    """(size, sha256 hex) of the file at PATH, read as a stream: the one file hash of dctl."""
     digest = hashlib.sha256()
     size = 0
     with path.open("rb") as handle:
@@ -86,7 +87,7 @@ def compute_manifest(directory: str | Path, progress: ProgressCallback | None = 
     entries: list[ManifestEntry] = []
     for rel, real in _files(root):
         try:
-            size, sha256 = _hash_file(real)
+            size, sha256 = hash_file(real)
         except OSError as exc:
             raise ManifestError(f"{rel}: cannot be read: {exc.strerror or exc}") from exc
         try:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import JSON_OPTION, print_json, print_table
+from cli.exits import USAGE, fail
+from cli.output import JSON_OPTION, print_json, print_table
 
 if TYPE_CHECKING:
     from agent.gpu import BackendSelection
@@ -38,7 +38,7 @@ FAKE_FAULTS_OPTION = typer.Option(
 
 
 def _data_dir(value: Path | None) -> Path:
-    from controlplane import paths
+    from protocol import paths
 
     return (value or paths.data_dir()).expanduser().resolve()
 
@@ -137,7 +137,7 @@ def agent(
             "refusing to run as root: run the agent as an ordinary user (engines and snapshots "
             "need no root), or pass --allow-root"
         )
-    from controlplane.logs import configure_logging
+    from protocol.logs import configure_logging
 
     configure_logging(log_level, "kv")
     import logging

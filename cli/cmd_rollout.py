@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from controlplane.cli.exits import not_available
+from cli.exits import not_available
 
 rollout_app = typer.Typer(help="Canary rollouts of a new model version.", no_args_is_help=True)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from controlplane.cli.exits import USAGE, fail, not_available
+from cli.exits import USAGE, fail, not_available
 
 
 def up(
@@ -25,8 +25,8 @@ def up(
         fail("only the demo stack exists so far: run `dctl up --demo`", USAGE)
     if size not in ("tiny", "small"):
         fail(f"--size {size!r}: choose tiny or small", USAGE)
-    from controlplane import paths
-    from controlplane.cli.demo_stack import run_demo
+    from cli.demo_stack import run_demo
+    from protocol import paths
 
     target = (data_dir or paths.data_dir() / "demo").expanduser().resolve()
     raise typer.Exit(run_demo(target, port, size, timeout_s))

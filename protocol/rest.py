@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from controlplane.wire import (
+from protocol.wire import (
     NAME_PATTERN,
     VERSION_PATTERN,
     ExitInfo,

@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
-from controlplane.cli.exits import USAGE, fail
+from cli.exits import USAGE, fail
 
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
-    from controlplane.client import ControlPlaneClient
+    from client.http import ControlPlaneClient
 
 T = TypeVar("T")
 
@@ -28,8 +28,8 @@ _HINTS = {
 def connect(timeout: float = 10.0) -> Iterator[ControlPlaneClient]:
     """A client for the current context (`DCTL_URL`/`DCTL_TOKEN` override it); errors exit 1."""
     # Imported here so that `dctl --help` never pays for httpx and pydantic.
-    from controlplane.client import ClientError, ControlPlaneClient
-    from controlplane.credentials import CredentialsError, resolve
+    from client.credentials import CredentialsError, resolve
+    from client.http import ClientError, ControlPlaneClient
 
     try:
         context = resolve()
@@ -65,7 +65,7 @@ def validated(build: Callable[[], T]) -> T:
 
 def describe(exc: ValidationError) -> str:
     """One line naming the first bad field and, for names, what a good one looks like."""
-    from controlplane.wire import NAME_PATTERN, VERSION_PATTERN
+    from protocol.wire import NAME_PATTERN, VERSION_PATTERN
 
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"]) or "input"

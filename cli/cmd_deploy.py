@@ -8,9 +8,9 @@ from typing import Any
 
 import typer
 
-from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
-from controlplane.cli.remote import connect, split_name_version, validated
+from cli.exits import USAGE, fail
+from cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
+from cli.remote import connect, split_name_version, validated
 
 deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", no_args_is_help=True)
 
@@ -98,7 +98,7 @@ def deploy_create(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create deployment NAME serving --model on --hosts (operator)."""
-    from controlplane.schemas import DeploymentCreate, Placement
+    from protocol.rest import DeploymentCreate, Placement
 
     model_name, version = split_name_version(model, "--model")
     host_names, selector = _split_hosts(hosts), _split_labels(labels)
@@ -159,7 +159,7 @@ def deploy_scale(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Set the number of instances per host of deployment NAME (operator)."""
-    from controlplane.schemas import DeploymentUpdate
+    from protocol.rest import DeploymentUpdate
 
     change = validated(lambda: DeploymentUpdate(instances_per_host=instances_per_host))
     with connect() as api:
@@ -177,7 +177,7 @@ def deploy_configure(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Replace the engine config of deployment NAME; its instances restart with it (operator)."""
-    from controlplane.schemas import DeploymentUpdate
+    from protocol.rest import DeploymentUpdate
 
     config = read_engine_config(engine_config)
     change = validated(lambda: DeploymentUpdate(engine_config=config))

@@ -29,25 +29,29 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class ServiceConfig(_Section):
-    """HTTP side: address, admission limits, timeouts, authentication."""
+class ServiceTuning(_Section):
+    """The service keys a deployment may set: admission limits and timeouts."""
 
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] = 8080
     # Requests decoded together (the engine's batch slots); more wait in the queue.
     max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = 32
     # Requests allowed to wait for a slot; beyond it the server answers 429.
     max_queue: Annotated[int, Field(ge=0)] = 256
     request_timeout_s: Annotated[float, Field(gt=0)] = 120.0
-    api_key: str | None = None
     # On SIGTERM, running requests get this long to finish before they are aborted.
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
 
 
-class ModelSection(_Section):
-    """Which checkpoint to serve and the default decoding knobs (requests may override them)."""
+class ServiceConfig(ServiceTuning):
+    """HTTP side: address, admission limits, timeouts, authentication."""
 
-    path: str
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8080
+    api_key: str | None = None
+
+
+class ModelTuning(_Section):
+    """The model keys a deployment may set: the default decoding knobs (requests may override)."""
+
     served_name: str | None = None
     dtype: Literal["fp32", "bf16", "fp16", "auto"] = "bf16"
     max_seq_len: Annotated[int, Field(ge=1)] = 4096
@@ -57,6 +61,12 @@ class ModelSection(_Section):
     min_steps: Annotated[int, Field(ge=1)] = 1
     max_steps: Annotated[int, Field(ge=1)] | None = None
     thinking: bool = False
+
+
+class ModelSection(ModelTuning):
+    """Which checkpoint to serve and the default decoding knobs (requests may override them)."""
+
+    path: str
     # Content digest of the weight snapshot, set by the agent; shown in dllm_model_info.
     snapshot_digest: str | None = None
 
@@ -107,6 +117,53 @@ class ServeConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
 
 
+
+class DeploymentEngineConfig(_Section):
+    """The part of an engine config a deployment sets; the agent fills in the rest per instance.
+
+    Validated by the control plane at `deploy create` / `deploy configure`, so a bad key is a 422
+    there instead of a crash loop on every host.
+    """
+
+    service: ServiceTuning = ServiceTuning()
+    model: ModelTuning = ModelTuning()
+    resources: ResourcesConfig = ResourcesConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+# Keys the agent (or the control plane) decides per instance, and why a deployment cannot.
+AGENT_DECIDED_KEYS: dict[str, str] = {
+    "service.host": "the agent binds each engine to its host's advertise address",
+    "service.port": "the control plane gives each instance its own port",
+    "service.api_key": "API keys are managed per instance by the control plane",
+    "model.path": "the agent serves the verified snapshot of the deployment's model version",
+    "model.snapshot_digest": "the agent sets the digest of the snapshot it serves",
+}
+
+
+def validate_deployment_config(data: Any) -> dict[str, Any]:
+    """DATA as a deployment's engine config, normalised to the keys it set; else ServeConfigError.
+
+    The message names the key: an unknown key, a bad value, or one the agent decides.
+    """
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ServeConfigError("engine_config: must be a mapping of sections (service, model, ...)")
+    for key, why in AGENT_DECIDED_KEYS.items():
+        section, name = key.split(".")
+        values = data.get(section)
+        if isinstance(values, dict) and name in values:
+            raise ServeConfigError(f"engine_config: {key} cannot be set: {why}")
+    try:
+        config = DeploymentEngineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ServeConfigError(
+            _describe(dict(exc.errors()[0]), "engine_config", DeploymentEngineConfig)
+        ) from None
+    return config.model_dump(mode="json", exclude_unset=True)
+
+
 # Command-line flag -> config key. Flags are the key's last part, except where two sections
 # would clash or the bare name reads badly.
 FLAGS: dict[str, str] = {
@@ -137,10 +194,12 @@ FLAGS: dict[str, str] = {
 _NULLS = {"null", "none", "~"}
 
 
-def _describe(error: dict[str, Any], source: str) -> str:
+def _describe(
+    error: dict[str, Any], source: str, schema: type[BaseModel] | None = None
+) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
-        section = _section_model(error["loc"][:-1])
+        section = _section_model(error["loc"][:-1], schema or ServeConfig)
         known = ", ".join(section.model_fields) if section else ""
         return f"{source}: unknown key {key!r} (known keys here: {known})"
     if error["type"] == "missing":
@@ -151,8 +210,8 @@ def _describe(error: dict[str, Any], source: str) -> str:
     return f"{source}: {key}: {message} (got {error.get('input')!r})"
 
 
-def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    model: type[BaseModel] = ServeConfig
+def _section_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseModel] | None:
+    model: type[BaseModel] = schema
     for part in loc:
         field = model.model_fields.get(str(part))
         annotation = field.annotation if field else None

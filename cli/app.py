@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 
-from controlplane.cli import (
+from cli import (
     cmd_agent,
     cmd_deploy,
     cmd_engine,
@@ -21,7 +21,7 @@ from controlplane.cli import (
     cmd_server,
     cmd_ui,
 )
-from controlplane.cli.exits import CliError
+from cli.exits import CliError
 
 app = typer.Typer(
     name="dctl",

@@ -12,8 +12,8 @@ from typing import Any
 
 import typer
 
-from controlplane.cli.exits import USAGE, fail
-from controlplane.cli.output import (
+from cli.exits import USAGE, fail
+from cli.output import (
     JSON_OPTION,
     Column,
     cell,
@@ -23,7 +23,7 @@ from controlplane.cli.output import (
     print_json,
     print_table,
 )
-from controlplane.cli.remote import connect, validated
+from cli.remote import connect, validated
 
 host_app = typer.Typer(help="Hosts: list, show, drain, undrain, remove.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
@@ -254,7 +254,7 @@ def token_create(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create token NAME (admin); the secret is printed once and never again."""
-    from controlplane.schemas import TokenCreate
+    from protocol.rest import TokenCreate
 
     expires_s = parse_duration(expires) if expires else None
     spec = validated(
@@ -297,7 +297,7 @@ def token_revoke(ref: str = typer.Argument(..., metavar="NAME|ID")) -> None:
 @context_app.command("list")
 def context_list(as_json: bool = JSON_OPTION) -> None:
     """List the contexts of the credentials file (tokens are never shown)."""
-    from controlplane.credentials import CredentialsError, CredentialsFile
+    from client.credentials import CredentialsError, CredentialsFile
 
     store = CredentialsFile()
     try:
@@ -320,7 +320,7 @@ def context_list(as_json: bool = JSON_OPTION) -> None:
 @context_app.command("use")
 def context_use(name: str) -> None:
     """Make context NAME the current one."""
-    from controlplane.credentials import CredentialsError, CredentialsFile
+    from client.credentials import CredentialsError, CredentialsFile
 
     try:
         context = CredentialsFile().use(name)

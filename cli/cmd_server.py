@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
-from controlplane.cli.exits import USAGE, fail
+from cli.exits import USAGE, fail
 
 if TYPE_CHECKING:
     from controlplane.settings import ControlPlaneSettings
@@ -75,7 +75,7 @@ def server(
     import sqlalchemy as sa
 
     from controlplane import migrate as migrations
-    from controlplane.logs import configure_logging
+    from protocol.logs import configure_logging
 
     settings = _settings(database_url=db, host=host, port=port)
     url = _database_url(settings)
@@ -140,7 +140,7 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _announce_admin_token(secret: str, url: str) -> None:
     """First start: print the admin token once and add it to the credentials file."""
-    from controlplane.credentials import CredentialsError, CredentialsFile
+    from client.credentials import CredentialsError, CredentialsFile
 
     print(f"admin token (shown only this once): {secret}", flush=True)
     store = CredentialsFile()

@@ -1,0 +1,5 @@
+"""`python -m cli` runs `dctl`."""
+
+from cli.app import main
+
+main()
