@@ -1,7 +1,12 @@
 """The per-host agent: preflight, verified weight snapshots, engine supervision, heartbeats.
 
-Modules: `gpu` (NVML and fake backends), `preflight`, `snapshots` (+ `snapshot_fetcher`),
-`supervisor` (+ `instance_spec`, `engine_process`), `engine_metrics`, `metrics` (the agent's own
-/metrics), `control_plane` (the wire calls), `host_facts`, and `runtime` (the main loop).
-It imports only `protocol.wire` of the control plane and never the engine.
+Modules: `settings` (what `dctl agent` reads: `[agent]` table, `DCTL_AGENT_*` env, flags), `gpu`
+(NVML and fake backends behind one protocol), `preflight`, `snapshots` (+ `snapshot_fetcher`),
+`supervisor` (+ `instance_spec`, `engine_process`), `private_files` (0600 files, 0700 dirs, no
+symlinks followed), `http_bodies` (capped reads of server-chosen bodies), `engine_metrics`,
+`metrics` (the agent's own /metrics), `control_plane` (`ControlPlaneLink`: the wire calls; the
+identity, bound to the control plane that issued its token), `host_facts`, `reconciler` (desired
+state -> engines and fetches, + `admission`: what a desired instance must pass), and `runtime`
+(the main loop). It imports only `protocol` and runs engines as
+`python -m engine.serve --config FILE` subprocesses, never importing them.
 """

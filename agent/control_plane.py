@@ -1,24 +1,43 @@
-"""The agent's side of the wire: register once, heartbeat, and keep the agent token safe."""
+"""The agent's side of the wire: register once, heartbeat, and keep the agent token safe.
+
+The agent token goes to one place only: the control plane it was issued by. The identity file
+records that URL; an agent started with `--control-plane` pointing elsewhere refuses to start
+(`UnusableIdentity`) instead of handing the token over, and a snapshot `files_url` (a path the
+agent joins to its control-plane URL, or an absolute URL) is fetched with the token only when it
+lies on the control plane's own origin (`files_url_on`).
+
+A heartbeat reply is read instance by instance (`DesiredState`): a desired instance the agent
+cannot read is set aside, with the reason, instead of costing it the whole desired state.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import httpx
-from pydantic import ValidationError
+from pydantic import PrivateAttr, ValidationError
 
+from agent.http_bodies import ERROR_BODY_LIMIT, read_capped
+from agent.private_files import PrivateFileError, read_private, write_private
 from protocol.wire import (
     HEARTBEAT_PATH,
+    INT32_MAX,
     REGISTER_PATH,
+    DesiredInstance,
     Heartbeat,
     HeartbeatReply,
     RegisterRequest,
     RegisterResponse,
 )
+
+log = logging.getLogger("dctl.agent")
+# A desired state is a few KiB per instance (manifests included); far more is not a reply.
+REPLY_LIMIT = 64 * 1024 * 1024
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 class ControlPlaneUnavailable(Exception):
@@ -33,6 +52,77 @@ class ControlPlaneRejected(Exception):
         self.status = status
 
 
+class UnusableIdentity(Exception):
+    """The saved identity may not be used: issued by another control plane, or its files are not
+    the agent's own plain files. The message says which files to remove to register again."""
+
+
+class ForeignUrl(ValueError):
+    """A URL the control plane sent is not on the control plane: the agent token never goes
+    there."""
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) as httpx (which makes the requests) reads URL; ValueError if none."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"{url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in _DEFAULT_PORTS or not parsed.host:
+        raise ValueError(f"{url!r} is not an http(s) URL with a host")
+    return parsed.scheme, parsed.host, parsed.port or _DEFAULT_PORTS[parsed.scheme]
+
+
+def _describe_origin(url: str) -> str:
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}:{port}"
+
+
+def same_control_plane(a: str, b: str) -> bool:
+    """True when URLs A and B name the same control plane: same origin and path (letter case,
+    an explicit default port and a trailing slash aside)."""
+    try:
+        paths = {httpx.URL(url).path.rstrip("/") for url in (a, b)}
+        return _origin(a) == _origin(b) and len(paths) == 1
+    except (ValueError, httpx.InvalidURL):
+        return False
+
+
+def files_url_on(control_plane: str, files_url: str) -> str:
+    """FILES_URL as an absolute URL on CONTROL_PLANE, which the agent may send its token to.
+
+    A path (`/api/v1/models/...`, what the control plane sends) is joined to CONTROL_PLANE, the
+    URL the agent was configured with: a reply cannot point it anywhere else. An absolute URL
+    (what older control planes built from the request's Host header) is accepted only on
+    CONTROL_PLANE's origin (scheme, host and port) and without credentials in it; anything else
+    raises `ForeignUrl`. URLs are read by httpx, the parser that makes the request, so the check
+    and the request cannot disagree about the host.
+    """
+    refused = ForeignUrl(
+        f"files_url {files_url!r} is not on the control plane "
+        f"{_describe_origin(control_plane)} the agent token was issued for: the token is sent "
+        "nowhere else, so the snapshot is not fetched from there (a control plane behind a "
+        "proxy must send files_url as a path, /api/v1/...)"
+    )
+    try:
+        parsed = httpx.URL(files_url)
+    except httpx.InvalidURL:
+        raise refused from None
+    if parsed.scheme or parsed.host:  # absolute, or scheme-relative (//host/...)
+        url = files_url
+    elif files_url.startswith("/"):
+        url = control_plane.rstrip("/") + files_url
+    else:
+        raise refused
+    try:
+        trusted = _origin(url) == _origin(control_plane) and not httpx.URL(url).userinfo
+    except (ValueError, httpx.InvalidURL):
+        trusted = False
+    if not trusted:
+        raise refused
+    return url
+
+
 @dataclass(frozen=True)
 class AgentIdentity:
     """What registration gave this host: its id and name, and the agent token (a secret)."""
@@ -44,42 +134,70 @@ class AgentIdentity:
 
 
 class IdentityStore:
-    """`identity.json` plus the token in `agent-token` (mode 0600) under the agent's data dir."""
+    """`identity.json` (with the control-plane URL the token belongs to) plus the token in
+    `agent-token`, both 0600 and never read or written through a symlink."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.token_file = directory / "agent-token"
         self.identity_file = directory / "identity.json"
 
-    def load(self) -> AgentIdentity | None:
-        """The saved identity, or None before the first registration."""
-        if not (self.token_file.is_file() and self.identity_file.is_file()):
+    def _remove_hint(self) -> str:
+        return f"remove {self.identity_file} and {self.token_file}"
+
+    def load(self, control_plane: str) -> AgentIdentity | None:
+        """The saved identity, or None before the first registration.
+
+        Raises `UnusableIdentity` when it was issued by another control plane than
+        CONTROL_PLANE (the token must not go there) or its files are not plain private files.
+        """
+        try:
+            # The token first: without one there is nothing to send, and registering replaces
+            # whatever lies at both paths.
+            token = read_private(self.token_file).strip()
+            data = json.loads(read_private(self.identity_file))
+        except FileNotFoundError:
             return None
-        data = json.loads(self.identity_file.read_text())
+        except PrivateFileError as exc:
+            raise UnusableIdentity(f"{exc} ({self._remove_hint()})") from None
+        except ValueError:
+            raise UnusableIdentity(
+                f"{self.identity_file} is not valid JSON: {self._remove_hint()} and register again"
+            ) from None
+        if not isinstance(data, dict) or not {"host_id", "host_name", "control_plane"} <= set(data):
+            raise UnusableIdentity(
+                f"{self.identity_file} lacks host_id, host_name or control_plane: "
+                f"{self._remove_hint()} and register again"
+            )
+        issued_by = str(data["control_plane"])
+        if not same_control_plane(issued_by, control_plane):
+            raise UnusableIdentity(
+                f"the agent token in {self.token_file} was issued by the control plane "
+                f"{issued_by}, not {control_plane}, and is sent only where it came from: to move "
+                f"this host, {self._remove_hint()} and start the agent with a bootstrap token of "
+                f"{control_plane} (to stay, start it with --control-plane {issued_by})"
+            )
         return AgentIdentity(
             host_id=int(data["host_id"]),
             host_name=str(data["host_name"]),
-            control_plane=str(data["control_plane"]),
-            token=self.token_file.read_text().strip(),
+            control_plane=issued_by,
+            token=token,
         )
 
     def save(self, identity: AgentIdentity) -> None:
-        """Write the token 0600 from the first byte (never world-readable, not even briefly)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.token_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(identity.token + "\n")
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, self.token_file)
-        self.identity_file.write_text(
+        """Write the token and the identity 0600 from the first byte (never world-readable, not
+        even briefly), replacing (not following) whatever was planted at their paths."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private(self.token_file, identity.token + "\n")
+        write_private(
+            self.identity_file,
             json.dumps(
                 {
                     "host_id": identity.host_id,
                     "host_name": identity.host_name,
                     "control_plane": identity.control_plane,
                 }
-            )
+            ),
         )
 
     def clear(self) -> None:
@@ -88,21 +206,63 @@ class IdentityStore:
         self.identity_file.unlink(missing_ok=True)
 
 
-def _error_message(response: httpx.Response) -> str:
+def _error_message(body: bytes) -> str:
     try:
-        body = response.json()
+        data = json.loads(body)
     except ValueError:
-        return response.text[:300]
-    if isinstance(body, dict):
-        error = body.get("error")
+        return body[:300].decode(errors="replace")
+    if isinstance(data, dict):
+        error = data.get("error")
         if isinstance(error, dict):
-            return str(error.get("message", error))
-        return str(body.get("message") or body.get("detail") or body)
-    return str(body)[:300]
+            return str(error.get("message", error))[:300]
+        return str(data.get("message") or data.get("detail") or data)[:300]
+    return str(data)[:300]
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"]) or "instance"
+    return f"{where}: {error['msg']}"
+
+
+class DesiredState(HeartbeatReply):
+    """A heartbeat reply read instance by instance.
+
+    `instances` holds the desired instances the agent could read; `unreadable` maps the id of
+    each one it could not to the reason, so that instance alone is reported failed while the
+    others are applied. (A private attribute: a reply cannot set it.)
+    """
+
+    _unreadable: dict[int, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def unreadable(self) -> dict[int, str]:
+        """Instance id -> why its desired state could not be read."""
+        return self._unreadable
+
+    @classmethod
+    def parse(cls, content: bytes) -> DesiredState:
+        """Read a reply; raises `ValueError` when the reply itself (not one instance) is bad."""
+        data = json.loads(content)
+        if not isinstance(data, dict) or not isinstance(data.get("instances", []), list):
+            raise ValueError("not an object with a list of instances")
+        items = data.pop("instances", [])
+        state = cls.model_validate(data)
+        for item in items:
+            try:
+                state.instances.append(DesiredInstance.model_validate(item))
+            except ValidationError as exc:
+                instance_id = item.get("instance_id") if isinstance(item, dict) else None
+                reason = f"desired state refused: {_first_error(exc)}"
+                if type(instance_id) is int and 1 <= instance_id <= INT32_MAX:
+                    state.unreadable[instance_id] = reason
+                else:  # nothing to report it under; the log is all there is
+                    log.error("a desired instance without a valid id was ignored: %s", reason)
+        return state
 
 
 class ControlPlane(Protocol):
-    """The two calls of the agent protocol (`ControlPlaneClient` over HTTP; fakes in tests)."""
+    """The two calls of the agent protocol (`ControlPlaneLink` over HTTP; fakes in tests)."""
 
     url: str
 
@@ -110,13 +270,18 @@ class ControlPlane(Protocol):
         """Exchange a bootstrap token for an agent token."""
         ...
 
-    def heartbeat(self, beat: Heartbeat, token: str) -> HeartbeatReply:
+    def heartbeat(self, beat: Heartbeat, token: str) -> DesiredState:
         """Report observed state, receive desired state."""
         ...
 
 
-class ControlPlaneClient:
-    """HTTP calls of the agent protocol."""
+class ControlPlaneLink:
+    """The agent's HTTP link to the control plane: register and heartbeat, nothing else.
+
+    Not the operator's REST client (`client.http.ControlPlaneClient`): the agent speaks only the
+    wire contract, with its own token, and maps failures to "try later" or "refused". Bodies are
+    read with a cap (error pages 4 KiB, replies 64 MiB), and redirects are not followed.
+    """
 
     def __init__(
         self, url: str, timeout_s: float = 10.0, client: httpx.Client | None = None
@@ -124,37 +289,42 @@ class ControlPlaneClient:
         self.url = url.rstrip("/")
         self._http = client or httpx.Client(timeout=timeout_s)
 
-    def _post(self, path: str, body: str, token: str) -> httpx.Response:
+    def _post(self, path: str, body: str, token: str) -> bytes:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         try:
-            response = self._http.post(
-                self.url + path,
-                content=body,
-                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            )
+            with self._http.stream("POST", self.url + path, content=body, headers=headers) as r:
+                if r.status_code >= 500:
+                    message = _error_message(read_capped(r, ERROR_BODY_LIMIT))
+                    raise ControlPlaneUnavailable(
+                        f"{self.url}{path}: HTTP {r.status_code}: {message}"
+                    )
+                if r.status_code >= 400:
+                    raise ControlPlaneRejected(
+                        r.status_code, _error_message(read_capped(r, ERROR_BODY_LIMIT))
+                    )
+                content = read_capped(r, REPLY_LIMIT + 1)
         except httpx.HTTPError as exc:
             raise ControlPlaneUnavailable(f"{self.url}: {exc.__class__.__name__}: {exc}") from exc
-        if response.status_code >= 500:
+        if len(content) > REPLY_LIMIT:
             raise ControlPlaneUnavailable(
-                f"{self.url}{path}: HTTP {response.status_code}: {_error_message(response)}"
+                f"{self.url}{path}: reply larger than {REPLY_LIMIT} bytes"
             )
-        if response.status_code >= 400:
-            raise ControlPlaneRejected(response.status_code, _error_message(response))
-        return response
+        return content
 
     def register(self, request: RegisterRequest, bootstrap_token: str) -> RegisterResponse:
         """Exchange the bootstrap token for an agent token bound to this host."""
-        response = self._post(REGISTER_PATH, request.model_dump_json(), bootstrap_token)
+        content = self._post(REGISTER_PATH, request.model_dump_json(), bootstrap_token)
         try:
-            return RegisterResponse.model_validate_json(response.content)
+            return RegisterResponse.model_validate_json(content)
         except ValidationError as exc:
             raise ControlPlaneUnavailable(f"unexpected registration reply: {exc}") from exc
 
-    def heartbeat(self, beat: Heartbeat, token: str) -> HeartbeatReply:
+    def heartbeat(self, beat: Heartbeat, token: str) -> DesiredState:
         """Report observed state; the reply is the desired state."""
-        response = self._post(HEARTBEAT_PATH, beat.model_dump_json(), token)
+        content = self._post(HEARTBEAT_PATH, beat.model_dump_json(), token)
         try:
-            return HeartbeatReply.model_validate_json(response.content)
-        except ValidationError as exc:
+            return DesiredState.parse(content)
+        except ValueError as exc:  # ValidationError is one
             raise ControlPlaneUnavailable(f"unexpected heartbeat reply: {exc}") from exc
 
     def close(self) -> None:

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import httpx
 
+from agent.private_files import write_private
+
 
 class EngineProcess(Protocol):
     """A running (or finished) engine process."""
@@ -51,9 +53,14 @@ class Launcher(Protocol):
 class Prober(Protocol):
     """Answers whether an engine endpoint returns 200."""
 
-    def __call__(self, port: int, path: str) -> bool:
-        """True when GET http://127.0.0.1:PORT/PATH answers 200 in time."""
+    def __call__(self, host: str, port: int, path: str) -> bool:
+        """True when GET http://HOST:PORT/PATH answers 200 in time."""
         ...
+
+
+def engine_url(host: str, port: int, path: str) -> str:
+    """http://HOST:PORT/PATH, with an IPv6 HOST in brackets."""
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
 
 
 class ChildProcess:
@@ -138,17 +145,36 @@ class SubprocessLauncher:
 
 
 class HttpProber:
-    """Probes engine health endpoints on loopback with a short timeout."""
+    """Probes engine health endpoints (they need no API key) with a short timeout."""
 
     def __init__(self, timeout_s: float = 2.0) -> None:
         self._client = httpx.Client(timeout=timeout_s)
 
-    def __call__(self, port: int, path: str) -> bool:
+    def __call__(self, host: str, port: int, path: str) -> bool:
         """True on HTTP 200."""
         try:
-            return self._client.get(f"http://127.0.0.1:{port}{path}").status_code == 200
+            return self._client.get(engine_url(host, port, path)).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+class HttpMetricsScraper:
+    """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout."""
+
+    def __init__(self, timeout_s: float = 2.0) -> None:
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def __call__(self, host: str, port: int) -> str | None:
+        """The exposition text, or None when the engine does not answer 200."""
+        try:
+            response = self._client.get(engine_url(host, port, "/metrics"))
+        except httpx.HTTPError:
+            return None
+        return response.text if response.status_code == 200 else None
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -168,10 +194,12 @@ class PidRecord:
     restart_count: int = 0
 
     def save(self, path: Path) -> None:
-        """Write atomically (a torn pid file would make the next agent start a duplicate)."""
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, path)
+        """Write atomically (a torn pid file would make the next agent start a duplicate), 0600.
+
+        The record holds no secret (`InstanceSpec.record()` leaves the API key out), but what an
+        engine runs is this user's business only.
+        """
+        write_private(path, json.dumps(asdict(self)))
 
     @classmethod
     def load(cls, path: Path) -> PidRecord | None:

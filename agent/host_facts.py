@@ -9,6 +9,7 @@ import shutil
 import socket
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from agent.gpu import GpuSnapshot
 from protocol.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck
@@ -19,6 +20,24 @@ def default_host_name() -> str:
     name = socket.gethostname().split(".")[0].lower()
     name = re.sub(r"[^a-z0-9-]", "-", name).strip("-")[:63]
     return name or "host"
+
+
+def route_address(url: str) -> str:
+    """The local address this host uses to reach URL's host: the one to advertise by default.
+
+    A UDP `connect()` only asks the kernel for a route, no packet is sent, so this works while
+    the control plane is down. A control plane on loopback gives a loopback address, which
+    keeps a one-machine setup (the demo) local. Raises OSError when there is no route or the
+    name does not resolve.
+    """
+    parts = urlsplit(url)
+    if not parts.hostname:
+        raise OSError(f"{url!r} names no host")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    family, _, _, _, address = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        return str(sock.getsockname()[0])
 
 
 def agent_version() -> str:

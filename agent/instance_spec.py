@@ -5,17 +5,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-# Keys the agent decides; a deployment's engine config cannot override them.
-_AGENT_KEYS = {("service", "host"), ("service", "port"), ("model", "path"),
-               ("model", "snapshot_digest")}  # fmt: skip
+from protocol.engine_config import (
+    AGENT_DECIDED_KEYS,
+    ServeConfigError,
+    validate_deployment_config,
+)
+
+# Addresses that mean "every interface": fine to listen on, but not to connect to.
+_ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
 @dataclass(frozen=True)
 class InstanceSpec:
-    """Everything that defines one engine process; a change to any of it means a new process."""
+    """Everything that defines one engine process; a change to any of it means a new process.
+
+    `api_key` is a secret: it is left out of `repr` and of `record()` (what pid files store),
+    and reaches the engine only through its 0600 config file.
+    """
 
     instance_id: int
     deployment: str
@@ -25,33 +34,79 @@ class InstanceSpec:
     gpu_indices: tuple[int, ...] = ()
     engine_config: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
+    bind_address: str = "127.0.0.1"
+    api_key: str | None = field(default=None, repr=False)
 
     def fingerprint(self) -> str:
-        """Stable hash of the spec, to tell 'same engine' from 'replace it'."""
+        """Stable hash of the spec, to tell 'same engine' from 'replace it'.
+
+        The API key is part of it, so a new key restarts the engine; 64 bits of a SHA-256 over
+        a random key reveal nothing about it.
+        """
         data = json.dumps(asdict(self), sort_keys=True, default=list)
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
+    @property
+    def probe_address(self) -> str:
+        """Where the agent reaches the engine: its bind address (loopback for a wildcard one)."""
+        return _ANY_ADDRESS.get(self.bind_address, self.bind_address)
+
+    def record(self) -> dict[str, Any]:
+        """The spec as pid files store it: everything but the API key."""
+        data = asdict(self)
+        del data["api_key"]
+        return data
+
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InstanceSpec:
-        """Inverse of `dataclasses.asdict` (pid files store specs as JSON)."""
-        return cls(**{**data, "gpu_indices": tuple(data.get("gpu_indices", ()))})
+    def from_dict(cls, data: dict[str, Any], api_key: str | None = None) -> InstanceSpec:
+        """Inverse of `record()`; keys that another agent version wrote are ignored."""
+        known = {f.name for f in fields(cls)} - {"api_key"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["gpu_indices"] = tuple(values.get("gpu_indices", ()))
+        return cls(**values, api_key=api_key)
+
+
+def deployment_settings(engine_config: Any) -> dict[str, Any]:
+    """The deployment's part of an engine config, checked; raises `ServeConfigError`.
+
+    Keys the agent decides per instance (`AGENT_DECIDED_KEYS`) are dropped, whatever their
+    value; the rest must be what the engine accepts (the engine's own schema, from the same
+    `protocol`), so a bad config fails its instance here, with a message naming the key, instead
+    of the agent or a crash-looping engine.
+    """
+    if not isinstance(engine_config, dict):
+        raise ServeConfigError("engine_config: must be a mapping of sections (service, model, ...)")
+    kept: dict[str, Any] = {}
+    for section, values in engine_config.items():
+        if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if f"{section}.{k}" not in AGENT_DECIDED_KEYS}
+        kept[section] = values
+    return validate_deployment_config(kept)
 
 
 def engine_config(spec: InstanceSpec) -> dict[str, Any]:
-    """The engine's YAML config: the deployment's settings plus what the agent decides."""
-    config: dict[str, Any] = {}
-    for section, values in spec.engine_config.items():
-        if isinstance(values, dict):
-            config[section] = {k: v for k, v in values.items() if (section, k) not in _AGENT_KEYS}
-        else:
-            config[section] = values  # the engine rejects it with a message naming the key
-    config.setdefault("service", {}).update(host="127.0.0.1", port=spec.port)
+    """The engine's YAML config: the deployment's settings plus what the agent decides.
+
+    Raises `ServeConfigError` when the deployment's settings are not a valid engine config.
+    """
+    config = deployment_settings(spec.engine_config)
+    service = config.setdefault("service", {})
+    service.update(host=spec.bind_address, port=spec.port)
+    if spec.api_key is not None:
+        service["api_key"] = spec.api_key
     model = config.setdefault("model", {})
     model.update(path=spec.snapshot_path, snapshot_digest=spec.digest)
     model.setdefault("served_name", spec.deployment)
     config.setdefault("resources", {}).setdefault("device", spec.device)
     config.setdefault("logging", {}).setdefault("format", "json")
     return config
+
+
+def api_key_in(config: dict[str, Any]) -> str | None:
+    """The API key an engine config (as `engine_config` wrote it) holds, if any."""
+    service = config.get("service")
+    key = service.get("api_key") if isinstance(service, dict) else None
+    return key if isinstance(key, str) else None
 
 
 @dataclass(frozen=True)

@@ -16,30 +16,28 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urljoin
 
 from agent.control_plane import (
     AgentIdentity,
     ControlPlane,
     ControlPlaneRejected,
     ControlPlaneUnavailable,
+    DesiredState,
     IdentityStore,
+    UnusableIdentity,
 )
 from agent.engine_metrics import EngineMetricsTracker
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
 from agent.host_facts import default_host_name, gpu_status, host_facts, rss_bytes
-from agent.instance_spec import InstanceSpec
 from agent.metrics import AgentMetrics
-from agent.preflight import PreflightReport, memory_check
+from agent.preflight import PreflightReport
+from agent.reconciler import Reconciler
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
 from protocol.wire import (
     DEFAULT_PORT_RANGE,
-    DesiredInstance,
-    DesiredInstanceState,
     Heartbeat,
-    HeartbeatReply,
     HostFacts,
     InstanceState,
     ObservedInstance,
@@ -47,7 +45,8 @@ from protocol.wire import (
 )
 
 log = logging.getLogger("dctl.agent")
-MetricsFetcher = Callable[[int], str | None]
+# (engine address, port) -> the engine's /metrics text, None when it did not answer.
+MetricsFetcher = Callable[[str, int], str | None]
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,10 @@ class AgentConfig:
 
     control_plane: str
     data_dir: Path
-    bootstrap_token: str | None = None
+    bootstrap_token: str | None = field(default=None, repr=False)
     host_name: str = field(default_factory=default_host_name)
+    # Where other machines reach this host's engines; None leaves it to the control plane.
+    advertise_address: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     tick_s: float = 0.25
@@ -74,7 +75,7 @@ class Agent:
         preflight: PreflightReport,
         store: SnapshotStore,
         supervisor: Supervisor,
-        client: ControlPlane,
+        link: ControlPlane,
         metrics: AgentMetrics | None = None,
         fetch_metrics: MetricsFetcher | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -84,58 +85,69 @@ class Agent:
         self.preflight = preflight
         self.store = store
         self.supervisor = supervisor
-        self.client = client
+        self.link = link
         self.metrics = metrics or AgentMetrics()
-        self.fetch_metrics = fetch_metrics or (lambda port: None)
+        self.fetch_metrics = fetch_metrics or (lambda host, port: None)
         self.clock = clock
         self.identities = IdentityStore(config.data_dir / "agent")
         self.identity: AgentIdentity | None = None
         self.interval_s = 5.0
         self.applied_generation = 0
-        self.last_reply: HeartbeatReply | None = None
+        self.last_reply: DesiredState | None = None
         self.engine_metrics = EngineMetricsTracker()
         self._next_heartbeat = 0.0
         self._outage_since: float | None = None
         self.fetcher = SnapshotFetcher(store, clock)
-        self._waiting: dict[int, tuple[InstanceState, str]] = {}
+        backend = selection.backend
+        self.reconciler = Reconciler(
+            supervisor, store, self.fetcher, preflight,
+            # Without a backend preflight has failed and nothing starts: "auto" is never used.
+            engine_device=backend.engine_device if backend is not None else "auto",
+            control_plane=link.url,
+            token=lambda: self.identity.token if self.identity is not None else None,
+        )  # fmt: skip
+        self._last_loop_error = ("", 0.0)
         self._last_sample: GpuSnapshot | None = None
         self.metrics.preflight_ok.set(1 if preflight.ok else 0)
-        if selection.kind == "fake" and selection.backend is not None:
-            backend = selection.backend
-            follow = getattr(backend, "follow", None)
-            if follow is not None:
-                follow(lambda: supervisor.loads(rss_bytes))
+        if selection.backend is not None:
+            selection.backend.observe_engines(lambda: supervisor.loads(rss_bytes))
         supervisor.on_transition = self._on_transition
 
     # --- registration ------------------------------------------------------------------------
 
     def ensure_registered(self) -> AgentIdentity | None:
-        """The saved identity, or a new one from the bootstrap token; None while unreachable."""
+        """The saved identity, or a new one from the bootstrap token; None while unreachable.
+
+        Raises `UnusableIdentity` when the saved token was issued by another control plane than
+        the one this agent talks to: it is never sent anywhere but where it came from.
+        """
         if self.identity is None:
-            self.identity = self.identities.load()
+            self.identity = self.identities.load(self.link.url)
         if self.identity is not None:
             return self.identity
         if not self.config.bootstrap_token:
             raise ControlPlaneRejected(
                 401,
                 f"no agent token in {self.identities.directory} and no bootstrap token: "
-                "pass --bootstrap-token (`dctl token create NAME --role bootstrap` makes one)",
+                "pass --bootstrap-token-file FILE or set DCTL_BOOTSTRAP_TOKEN "
+                "(`dctl token create NAME --role bootstrap` makes one)",
             )
         request = RegisterRequest(
             name=self.config.host_name,
             labels=self.config.labels,
             port_range=self.config.port_range,
             facts=self.facts(None),
+            advertise_address=self.config.advertise_address,
         )
         try:
-            reply = self.client.register(request, self.config.bootstrap_token)
+            reply = self.link.register(request, self.config.bootstrap_token)
         except ControlPlaneUnavailable as exc:
             log.warning("control plane unreachable, will retry registration: %s", exc)
             return None
         self.identity = AgentIdentity(
             host_id=reply.host_id,
             host_name=reply.host_name,
-            control_plane=self.client.url,
+            control_plane=self.link.url,
             token=reply.agent_token,
         )
         self.identities.save(self.identity)
@@ -165,14 +177,14 @@ class Agent:
 
     # --- heartbeat ---------------------------------------------------------------------------
 
-    def heartbeat_once(self) -> HeartbeatReply | None:
+    def heartbeat_once(self) -> DesiredState | None:
         """Send one heartbeat and reconcile to the reply; None when it did not get through."""
         identity = self.ensure_registered()
         if identity is None:
             return None
         sample = self.sample_gpus()
-        for instance_id, port in self.supervisor.ready_ports().items():
-            text = self.fetch_metrics(port)
+        for instance_id, (host, port) in self.supervisor.ready_endpoints().items():
+            text = self.fetch_metrics(host, port)
             if text is not None:
                 self.engine_metrics.record(instance_id, text)
                 running = self.engine_metrics.latest_gauge(instance_id, "dllm_requests_running")
@@ -184,13 +196,14 @@ class Agent:
             sent_at=datetime.now(UTC),
             applied_generation=self.applied_generation,
             facts=self.facts(sample),
+            advertise_address=self.config.advertise_address,
             gpus=gpu_status(sample) if sample else [],
             instances=self.observed(),
             snapshots=progress[-64:],
             metrics=self.engine_metrics.deltas()[:256],
         )
         try:
-            reply = self.client.heartbeat(beat, identity.token)
+            reply = self.link.heartbeat(beat, identity.token)
         except ControlPlaneUnavailable as exc:
             self.metrics.heartbeats.labels(result="error").inc()
             if self._outage_since is None:
@@ -221,99 +234,16 @@ class Agent:
         return reply
 
     def observed(self) -> list[ObservedInstance]:
-        """Supervised instances plus those still waiting for their snapshot."""
-        observed = {o.instance_id: o for o in self.supervisor.observed()}
-        for instance_id, (state, message) in self._waiting.items():
-            current = observed.get(instance_id)
-            if current is None or current.state in (InstanceState.FAILED, InstanceState.STOPPED):
-                observed[instance_id] = ObservedInstance(
-                    instance_id=instance_id, state=state, message=message[:1000]
-                )
-            else:  # the old engine keeps serving; say what is happening to the new one
-                note = f"{current.message}; {message}".strip("; ")
-                observed[instance_id] = current.model_copy(update={"message": note[:1000]})
-        return [observed[i] for i in sorted(observed)]
+        """Every instance as the next heartbeat reports it."""
+        return self.reconciler.observed()
 
     # --- reconciliation ----------------------------------------------------------------------
 
-    def _spec(self, desired: DesiredInstance, snapshot: Path) -> InstanceSpec:
-        return InstanceSpec(
-            instance_id=desired.instance_id,
-            deployment=desired.deployment,
-            digest=desired.model.digest,
-            snapshot_path=str(snapshot),
-            port=desired.port,
-            gpu_indices=tuple(desired.gpu_indices),
-            engine_config=desired.engine_config,
-            device="cpu" if self.selection.kind == "fake" else "auto",
-        )
-
-    def reconcile(self, reply: HeartbeatReply) -> None:
-        """Make the supervisor run what the control plane wants."""
-        wanted = {d.instance_id: d for d in reply.instances}
-        for desired in reply.instances:
-            instance_id = desired.instance_id
-            if desired.desired_state == DesiredInstanceState.STOPPED:
-                self._waiting.pop(instance_id, None)
-                self.supervisor.stop(instance_id)
-                continue
-            if not self.preflight.ok:
-                reasons = "; ".join(f"{c.name}: {c.reason}" for c in self.preflight.failures())
-                spec = self._spec(desired, Path())
-                self.supervisor.mark_failed(instance_id, spec, f"preflight failed: {reasons}")
-                continue
-            digest = desired.model.digest
-            if self.store.has(digest):
-                self._waiting.pop(instance_id, None)
-                spec = self._spec(desired, self.store.path_for(digest))
-                short = self._memory_shortfall(desired)
-                if short is not None:
-                    self.supervisor.mark_failed(instance_id, spec, short)
-                else:
-                    self.supervisor.ensure(spec)
-                continue
-            refusal = self.fetcher.refusal(digest)
-            if refusal is not None:
-                self._waiting.pop(instance_id, None)
-                self.supervisor.mark_failed(instance_id, self._spec(desired, Path()), refusal)
-                continue
-            self._start_fetch(desired)
-            self._waiting[instance_id] = (
-                InstanceState.DOWNLOADING,
-                f"fetching snapshot {desired.model.name}:{desired.model.version} ({digest[:12]})",
-            )
-        for instance_id in self.supervisor.instance_ids():
-            if instance_id not in wanted:
-                self.supervisor.stop(instance_id, remove=True)
-                self.engine_metrics.forget(instance_id)
-        for instance_id in [i for i in self._waiting if i not in wanted]:
-            del self._waiting[instance_id]
-        in_use = {d.model.digest for d in reply.instances}
-        for instance_id in self.supervisor.instance_ids():
-            running = self.supervisor.spec_of(instance_id)
-            if running is not None:
-                in_use.add(running.digest)
-        for digest in self.store.prune(in_use):
-            log.info("snapshot %s pruned (keeping the last %s)", digest[:12], self.store.keep)
+    def reconcile(self, reply: DesiredState) -> None:
+        """Make the supervisor run what the control plane wants (see `Reconciler`)."""
+        for instance_id in self.reconciler.apply(reply, self._last_sample):
+            self.engine_metrics.forget(instance_id)
         self.metrics.snapshots_stored.set(len(self.store.digests()))
-
-    def _memory_shortfall(self, desired: DesiredInstance) -> str | None:
-        """Why a not-yet-running instance cannot fit its GPUs, or None when it fits."""
-        plan = desired.model.memory_plan
-        idle = self.supervisor.state_of(desired.instance_id) in (
-            None, InstanceState.FAILED, InstanceState.STOPPED)  # fmt: skip
-        if plan is None or not idle or self._last_sample is None:
-            return None
-        kv_tokens = plan.max_context_tokens or 4096
-        check = memory_check(self._last_sample, plan, kv_tokens, tuple(desired.gpu_indices))
-        return f"not started: {check.reason}" if check.status == "fail" else None
-
-    def _start_fetch(self, desired: DesiredInstance) -> None:
-        files_url = desired.model.files_url
-        if files_url and not files_url.startswith(("http://", "https://")):
-            files_url = urljoin(self.client.url + "/", files_url)
-        headers = {"Authorization": f"Bearer {self.identity.token}"} if self.identity else {}
-        self.fetcher.start(desired.model, files_url, headers)
 
     def _collect_fetches(self) -> None:
         outcomes = self.fetcher.collect()
@@ -354,6 +284,24 @@ class Agent:
             self.heartbeat_once()
             self._update_instance_gauge()
 
+    def _step_surviving(self) -> None:
+        """`step()`, where only an unusable identity stops the agent.
+
+        Anything else that goes wrong in one pass is logged (once a minute while it repeats) and
+        the loop goes on: engines keep being supervised and heartbeats keep going out, which is
+        worth more than an agent that exits, and exits again after every restart.
+        """
+        try:
+            self.step()
+        except (ControlPlaneRejected, UnusableIdentity):
+            raise
+        except Exception as exc:  # see the docstring
+            text, logged_at = self._last_loop_error
+            now = self.clock()
+            if repr(exc) != text or now - logged_at >= 60.0:
+                log.exception("agent loop error; carrying on")
+                self._last_loop_error = (repr(exc), now)
+
     def run(self, stop: threading.Event) -> None:
         """Loop until STOP is set; engines are left running unless configured otherwise."""
         adopted = self.supervisor.adopt_existing()
@@ -366,7 +314,7 @@ class Agent:
             )
         try:
             while not stop.is_set():
-                self.step()
+                self._step_surviving()
                 stop.wait(self.config.tick_s)
         finally:
             self.fetcher.shutdown()

@@ -26,6 +26,7 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.http_bodies import error_text
 from protocol.manifest import hash_file
 from protocol.sources import local_source_dir
 from protocol.wire import Manifest, ManifestEntry, SnapshotProgress
@@ -50,6 +51,13 @@ class SnapshotMismatch(SnapshotError):
             "registration - fix the source or register a new version"
         )
         self.path = path
+
+
+class TransferRefused(SnapshotError):
+    """The file server answered what the agent cannot use (an error status, a wrong range).
+
+    Only the file in flight is dropped; other files' partial data stays for the next attempt.
+    """
 
 
 class FetchCancelled(SnapshotError):
@@ -189,6 +197,9 @@ class SnapshotStore:
         except FetchCancelled:
             meter.finish("failed", "cancelled: the agent is stopping")
             raise
+        except TransferRefused as exc:
+            meter.finish("failed", str(exc))
+            raise
         except SnapshotError as exc:
             shutil.rmtree(partial, ignore_errors=True)
             meter.finish("failed", str(exc))
@@ -218,6 +229,13 @@ class SnapshotStore:
         headers: dict[str, str],
         meter: _Meter,
     ) -> tuple[int, str]:
+        """Fetch one file over HTTP into TARGET, resuming what is there; returns (size, sha256).
+
+        The server is not trusted with sizes: more bytes than the manifest says stop the
+        transfer at once (a file never grows past its size on disk), a resumed transfer is
+        appended only when `Content-Range` says it starts where the partial file ends, and an
+        error body is read up to 4 KiB.
+        """
         digest = hashlib.sha256()
         have = target.stat().st_size if target.exists() else 0
         if have > entry.size:
@@ -243,14 +261,21 @@ class SnapshotStore:
                 # The server ignored the Range: start this file over.
                 digest, have = hashlib.sha256(), 0
                 meter.done -= target.stat().st_size
-            elif response.status_code not in (200, 206):
-                raise SnapshotError(
-                    f"GET {url}: HTTP {response.status_code}: "
-                    f"{response.read()[:200].decode(errors='replace')}"
+            elif response.status_code == 206:
+                _check_content_range(meter.digest, entry, target, have, response)
+            elif response.status_code != 200:
+                raise TransferRefused(
+                    f"GET {url}: HTTP {response.status_code}: {error_text(response)[:200]}"
                 )
+            _check_content_length(meter.digest, entry, have, response)
             size = have
             with target.open("ab" if have else "wb") as out:
                 for chunk in response.iter_bytes():
+                    if size + len(chunk) > entry.size:  # a mismatch drops the partial data
+                        raise SnapshotMismatch(
+                            meter.digest, entry.path, f"{entry.size} bytes",
+                            f"more than {entry.size} bytes (transfer stopped)",
+                        )  # fmt: skip
                     out.write(chunk)
                     digest.update(chunk)
                     size += len(chunk)
@@ -294,3 +319,37 @@ def _copy_hashing(source: Path, target: Path, meter: _Meter) -> tuple[int, str]:
             size += len(chunk)
             meter.add(len(chunk))
     return size, digest.hexdigest()
+
+
+def _check_content_range(
+    digest: str, entry: ManifestEntry, target: Path, have: int, response: httpx.Response
+) -> None:
+    """Accept a 206 only for exactly the bytes asked for: from HAVE to the end of the file.
+
+    Anything else would be appended at the wrong offset; the partial file is dropped (the next
+    attempt fetches the file from its start) and the fetch fails as a transfer error.
+    """
+    expected = f"bytes {have}-{entry.size - 1}/{entry.size}"
+    actual = response.headers.get("Content-Range", "")
+    if actual.strip() in (expected, f"bytes {have}-{entry.size - 1}/*"):
+        return
+    target.unlink(missing_ok=True)
+    raise TransferRefused(
+        f"snapshot {digest[:12]}: file {entry.path}: asked for bytes {have}- and got HTTP 206 "
+        f"with Content-Range {actual or '(none)'!r}, not {expected!r}: its partial data was "
+        "dropped and the next attempt fetches it from the start"
+    )
+
+
+def _check_content_length(
+    digest: str, entry: ManifestEntry, have: int, response: httpx.Response
+) -> None:
+    """Refuse before reading a body announced longer than what is missing of the file."""
+    length = response.headers.get("Content-Length", "")
+    # With a Content-Encoding the length is of the encoded bytes; the stream cap still holds.
+    encoded = "Content-Encoding" in response.headers
+    if length.isdigit() and not encoded and have + int(length) > entry.size:
+        raise SnapshotMismatch(
+            digest, entry.path, f"{entry.size} bytes",
+            f"{have + int(length)} bytes announced (not fetched)",
+        )  # fmt: skip

@@ -10,6 +10,11 @@ tests drive it with an injected clock, launcher and prober and never sleep. Per 
 
 Stopping drains: SIGTERM, then SIGKILL after the grace period. Every state change is reported to
 `on_transition`, and `observed()` is what the heartbeat carries.
+
+An engine is `python -m engine.serve --config instance-N.yaml`: everything it needs, its API key
+included, is in that file (mode 0600, like the whole run directory), so no secret is on a
+command line or in the environment. The engine gets the agent's environment minus its `DCTL_*`
+variables (the bootstrap token may be one), plus `CUDA_VISIBLE_DEVICES` for its GPUs.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,10 +42,13 @@ from agent.engine_process import (
     truncate_if_large,
 )
 from agent.gpu import EngineLoad
-from agent.instance_spec import InstanceSpec, SupervisorPolicy, engine_config
+from agent.instance_spec import InstanceSpec, SupervisorPolicy, api_key_in, engine_config
+from agent.private_files import private_dir, write_private
+from protocol.engine_config import ServeConfigError
 from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
 log = logging.getLogger("dctl.agent.supervisor")
+ENGINE_COMMAND = [sys.executable, "-m", "engine.serve"]
 Clock = Callable[[], float]
 TransitionCallback = Callable[[int, InstanceState, InstanceState, str], None]
 
@@ -83,12 +91,12 @@ class Supervisor:
         self.run_dir = run_dir
         self.launcher, self.prober, self.clock = launcher, prober, clock
         self.policy = policy or SupervisorPolicy()
-        self.engine_command = engine_command or [
-            sys.executable, "-m", "cli", "engine", "serve"]  # fmt: skip
+        self.engine_command = engine_command or ENGINE_COMMAND
         self.on_transition = on_transition
-        self.env = env if env is not None else dict(os.environ)
+        base_env = env if env is not None else dict(os.environ)
+        self.env = {k: v for k, v in base_env.items() if not k.startswith("DCTL_")}
         self._instances: dict[int, _Instance] = {}
-        run_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir)
 
     # --- paths ---------------------------------------------------------------------------------
 
@@ -184,12 +192,24 @@ class Supervisor:
     def _start(self, inst: _Instance) -> None:
         spec = inst.spec
         config_path = self.config_path(spec.instance_id)
-        config_path.write_text(yaml.safe_dump(engine_config(spec), sort_keys=True))
+        try:
+            config = engine_config(spec)
+        except ServeConfigError as exc:
+            # Restarting cannot fix a config; only a new desired state can (`ensure`).
+            inst.process = None
+            self._set(inst, InstanceState.FAILED, f"engine config refused: {exc}")
+            return
         log_path = self.log_path(spec.instance_id)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        rotate_log(log_path, self.policy.log_keep)
+        try:
+            write_private(config_path, yaml.safe_dump(config, sort_keys=True))
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            rotate_log(log_path, self.policy.log_keep)
+        except OSError as exc:  # e.g. a full disk: worth retrying, like a failed launch
+            inst.process = None
+            self._fail(inst, ExitInfo(reason=f"cannot write {config_path}: {exc}"))
+            return
         env = dict(self.env)
-        if spec.gpu_indices:
+        if spec.gpu_indices:  # none given: every GPU this host has (the agent's own view)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
         argv = [*self.engine_command, "--config", str(config_path)]
         try:
@@ -217,7 +237,7 @@ class Supervisor:
             port=inst.spec.port,
             config_path=str(self.config_path(inst.spec.instance_id)),
             fingerprint=inst.spec.fingerprint(),
-            spec=asdict(inst.spec),
+            spec=inst.spec.record(),
             restart_count=inst.restart_count,
         ).save(self._pid_file(inst.spec.instance_id))
 
@@ -305,8 +325,8 @@ class Supervisor:
         if now < inst.next_probe_at:
             return
         inst.next_probe_at = now + self.policy.probe_interval_s
-        port = inst.spec.port
-        if self.prober(port, "/health/ready"):
+        host, port = inst.spec.probe_address, inst.spec.port
+        if self.prober(host, port, "/health/ready"):
             inst.probe_failures = 0
             if inst.state != InstanceState.READY:
                 inst.ready_since = now
@@ -324,7 +344,7 @@ class Supervisor:
                 )
                 self._restart_unhealthy(inst, reason)
             return
-        if self.prober(port, "/health/live"):
+        if self.prober(host, port, "/health/live"):
             inst.probe_failures = 0
             self._set(inst, InstanceState.UNHEALTHY, "alive but not ready")
             return
@@ -354,11 +374,11 @@ class Supervisor:
                 log.info("instance %s: pid %s is gone, not adopted", record.instance_id, record.pid)
                 pid_file.unlink(missing_ok=True)
                 continue
-            if not self.prober(record.port, "/health/live"):
+            spec = InstanceSpec.from_dict(record.spec, api_key=self._saved_api_key(record))
+            if not self.prober(spec.probe_address, record.port, "/health/live"):
                 # Alive but silent (still loading, or hung): adopting it and letting the start-up
                 # grace decide is safer than starting a duplicate on the same port.
                 log.info("instance %s: pid %s does not answer yet", record.instance_id, record.pid)
-            spec = InstanceSpec.from_dict(record.spec)
             now = self.clock()
             inst = _Instance(
                 spec=spec,
@@ -373,6 +393,18 @@ class Supervisor:
             )
             adopted.append(spec.instance_id)
         return adopted
+
+    @staticmethod
+    def _saved_api_key(record: PidRecord) -> str | None:
+        """The API key an adopted engine runs with, read back from its config file.
+
+        Pid files never hold the key; without it the adopted spec would not match the desired
+        one (the engine would be replaced) and a crash restart would start it without a key.
+        """
+        try:
+            return api_key_in(yaml.safe_load(Path(record.config_path).read_text()) or {})
+        except (OSError, yaml.YAMLError, AttributeError):
+            return None  # then the spec differs from the desired one and the engine is replaced
 
     def stop_all(
         self, timeout_s: float | None = None, sleep: Callable[[float], None] = time.sleep
@@ -408,10 +440,10 @@ class Supervisor:
             )
         return result
 
-    def ready_ports(self) -> dict[int, int]:
-        """Instance id -> port of every ready engine (for metrics scraping)."""
+    def ready_endpoints(self) -> dict[int, tuple[str, int]]:
+        """Instance id -> (address, port) of every ready engine (for metrics scraping)."""
         return {
-            i: inst.spec.port
+            i: (inst.spec.probe_address, inst.spec.port)
             for i, inst in self._instances.items()
             if inst.state in (InstanceState.READY, InstanceState.UNHEALTHY)
         }

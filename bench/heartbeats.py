@@ -51,6 +51,11 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SERVER_CMD = [sys.executable, "-m", "cli", "server"]
 
 
+def advertise_address(host: int) -> str:
+    """Where host number HOST's engines listen (the agent reports it with every heartbeat)."""
+    return f"10.0.{host // 256}.{host % 256}"
+
+
 def heartbeat_body(host: int, rng: random.Random) -> bytes:
     """A realistic heartbeat of host number HOST, serialised once (agents resend similar ones)."""
     gpus = [
@@ -109,7 +114,12 @@ def heartbeat_body(host: int, rng: random.Random) -> bytes:
         preflight=[PreflightCheck(name=n, status="pass") for n in ("driver", "cuda", "ecc")],
     )
     beat = Heartbeat(
-        applied_generation=1, facts=facts, gpus=gpus, instances=instances, metrics=metrics
+        applied_generation=1,
+        facts=facts,
+        advertise_address=advertise_address(host),
+        gpus=gpus,
+        instances=instances,
+        metrics=metrics,
     )
     return beat.model_dump_json(exclude_none=True).encode()
 
@@ -235,7 +245,11 @@ def register_agents(server: RunningServer, count: int) -> list[str]:
         }
         tokens = []
         for i in range(count):
-            body = RegisterRequest(name=f"gpu-{i:05d}", labels={"rack": f"r{i % 40}"})
+            body = RegisterRequest(
+                name=f"gpu-{i:05d}",
+                labels={"rack": f"r{i % 40}"},
+                advertise_address=advertise_address(i),
+            )
             reply = http.post(REGISTER_PATH, content=body.model_dump_json(), headers=headers)
             reply.raise_for_status()
             tokens.append(str(reply.json()["agent_token"]))

@@ -53,6 +53,8 @@ class _Files(http.server.BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         body = data[start:]
+        if start:  # a resumed fetch is checked against the range it asked for
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         cut = type(self).cut_after

@@ -20,6 +20,7 @@ from cli import (
     cmd_rollout,
     cmd_server,
     cmd_ui,
+    cmd_up,
 )
 from cli.exits import CliError
 
@@ -58,6 +59,7 @@ def root(
 for module in (cmd_server, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
     module.register(app)
 cmd_fleet.register(app)
+cmd_up.register(app)
 cmd_ui.register(app)
 
 

@@ -1,12 +1,14 @@
 """`dctl agent`: the per-host agent, its preflight checks and snapshot re-verification.
 
-Everything of `agent` is imported inside the commands, so `dctl --help` stays light.
+Every setting comes from `agent.settings` (defaults < `[agent]` table of the config file <
+`DCTL_AGENT_*` env < these flags); a flag left out here is None and does not override. Everything
+of `agent` is imported inside the commands, so `dctl --help` stays light.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -20,212 +22,246 @@ from cli.output import JSON_OPTION, print_json, print_table
 
 if TYPE_CHECKING:
     from agent.gpu import BackendSelection
+    from agent.settings import AgentSettings
 
-agent_app = typer.Typer(help="Run the per-host agent (preflight, snapshots, engine supervision).")
+agent_app = typer.Typer(
+    help="Run the per-host agent (preflight, snapshots, engine supervision). Settings also come "
+    "from the [agent] table of the config file and DCTL_AGENT_* env vars; flags win."
+)
 
+CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    help="Settings file whose [agent] table to read (default: DCTL_CONFIG, else "
+    "~/.config/dctl/config.toml).",
+)
 DATA_DIR_OPTION = typer.Option(
     None, "--data-dir", help="Agent state, snapshots and engine logs (default: the data dir)."
 )
 BACKEND_OPTION = typer.Option(
-    "auto", "--gpu-backend", help="auto (NVML, fake only without NVIDIA hardware), nvml or fake."
+    None, "--gpu-backend", help="auto (NVML, fake only without NVIDIA hardware), nvml or fake."
 )
 FAKE_GPUS_OPTION = typer.Option(
-    "2xH200", "--fake-gpus", help="Fake GPUs, e.g. 2xH200, 1xA100,1xL4."
+    None, "--fake-gpus", help="Fake GPUs, e.g. 2xH200 (the default), 1xA100,1xL4."
 )
 FAKE_FAULTS_OPTION = typer.Option(
-    "", "--fake-faults", help="Faults for the fake GPUs: lost:INDEX, ecc:INDEX=COUNT, no-nvml."
+    None, "--fake-faults", help="Faults for the fake GPUs: lost:INDEX, ecc:INDEX=COUNT, no-nvml."
 )
+EXPECTED_GPUS_OPTION = typer.Option(
+    None, "--expected-gpus", help="GPUs this host must have (preflight fails otherwise)."
+)
+MIN_DRIVER_OPTION = typer.Option(None, "--min-driver", help="Minimum NVIDIA driver [535.0].")
 
 
-def _data_dir(value: Path | None) -> Path:
-    from protocol import paths
+def _settings(config: Path | None, **flags: Any) -> AgentSettings:
+    from agent.settings import SettingsError, load_agent_settings
 
-    return (value or paths.data_dir()).expanduser().resolve()
-
-
-def _select(backend: str, fake_gpus: str, fake_faults: str = "") -> BackendSelection:
-    from agent.gpu import FakeBackend, parse_spec, select_backend
-
-    if backend not in ("auto", "nvml", "fake"):
-        fail(f"--gpu-backend {backend!r}: choose auto, nvml or fake", USAGE)
     try:
-        parse_spec(fake_gpus)
-    except ValueError as exc:
-        fail(f"--fake-gpus: {exc}", USAGE)
-    selection = select_backend(backend, fake_gpus)  # type: ignore[arg-type]
-    if fake_faults:
+        return load_agent_settings(config, **flags)
+    except SettingsError as exc:
+        fail(str(exc), USAGE)
+
+
+def _select(settings: AgentSettings) -> BackendSelection:
+    from agent.gpu import FakeBackend, select_backend
+
+    selection = select_backend(settings.gpu_backend, settings.fake_gpus)
+    if settings.fake_faults:
         if not isinstance(selection.backend, FakeBackend):
-            fail("--fake-faults: only the fake GPU backend takes injected faults", USAGE)
-        try:
-            selection.backend.inject(fake_faults)
-        except ValueError as exc:
-            fail(f"--fake-faults: {exc}", USAGE)
+            fail("fake_faults (--fake-faults): only the fake GPU backend takes faults", USAGE)
+        selection.backend.inject(settings.fake_faults)  # validated with the settings
     return selection
 
 
-def _port_range(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"(\d+)-(\d+)", text.strip())
-    if not match:
-        fail(f"--ports {text!r}: write FIRST-LAST, e.g. 18000-18099", USAGE)
-    first, last = int(match.group(1)), int(match.group(2))
-    if not (1 <= first <= last <= 65535):
-        fail(f"--ports {text!r}: ports must be 1-65535 with FIRST <= LAST", USAGE)
-    return first, last
-
-
-def _labels(values: list[str]) -> dict[str, str]:
-    labels = {}
-    for value in values:
-        key, sep, val = value.partition("=")
-        if not sep or not key:
-            fail(f"--label {value!r}: write KEY=VALUE", USAGE)
-        labels[key] = val
-    return labels
-
-
-def _preflight_config(data_dir: Path, expected_gpus: int | None, min_driver: str) -> Any:
+def _preflight_config(settings: AgentSettings) -> Any:
     from agent.preflight import PreflightConfig
 
     return PreflightConfig(
-        data_dir=data_dir, expected_gpus=expected_gpus, min_driver_version=min_driver
+        data_dir=settings.data_dir,
+        expected_gpus=settings.expected_gpus,
+        min_driver_version=settings.min_driver,
     )
 
 
 @agent_app.callback(invoke_without_command=True)
 def agent(
     ctx: typer.Context,
+    config: Path = CONFIG_OPTION,
     control_plane: str = typer.Option(
-        None, "--control-plane", envvar="DCTL_CONTROL_PLANE", help="Control-plane URL."
+        None,
+        "--control-plane",
+        envvar="DCTL_CONTROL_PLANE",
+        help="Control-plane URL (also env DCTL_AGENT_CONTROL_PLANE).",
+    ),
+    bootstrap_token_file: Path = typer.Option(
+        None,
+        "--bootstrap-token-file",
+        help="File (0600) holding the bootstrap token for the first registration.",
     ),
     bootstrap_token: str = typer.Option(
         None,
         "--bootstrap-token",
         envvar="DCTL_BOOTSTRAP_TOKEN",
-        help="Bootstrap token for the first registration (env DCTL_BOOTSTRAP_TOKEN).",
+        help="The bootstrap token itself; prefer --bootstrap-token-file or the env var "
+        "(a flag shows in `ps`).",
     ),
     data_dir: Path = DATA_DIR_OPTION,
     gpu_backend: str = BACKEND_OPTION,
     fake_gpus: str = FAKE_GPUS_OPTION,
     fake_faults: str = FAKE_FAULTS_OPTION,
-    ports: str = typer.Option("18000-18099", "--ports", help="Ports engines may use."),
+    ports: str = typer.Option(None, "--ports", help="Ports engines may use [18000-18099]."),
+    advertise_address: str = typer.Option(
+        None,
+        "--advertise-address",
+        help="Address engines listen on and other machines reach them at (default: the local "
+        "address that routes to the control plane).",
+    ),
     name: str = typer.Option(None, "--name", help="Host name in the fleet (default: hostname)."),
     label: list[str] = typer.Option([], "--label", help="KEY=VALUE host label (repeatable)."),
     metrics_port: int = typer.Option(
-        9401, "--metrics-port", help="Port of the agent's own /metrics (0: any free port)."
+        None, "--metrics-port", help="Port of the agent's own /metrics (0: any free port) [9401]."
     ),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of /metrics."),
+    metrics_host: str = typer.Option(
+        None, "--metrics-host", help="Address of /metrics [127.0.0.1]."
+    ),
     startup_grace_s: float = typer.Option(
-        600.0, "--startup-grace-s", help="How long an engine may take to become ready."
+        None, "--startup-grace-s", help="How long an engine may take to become ready [600]."
     ),
-    expected_gpus: int = typer.Option(None, "--expected-gpus", help="Fail preflight otherwise."),
-    min_driver: str = typer.Option("535.0", "--min-driver", help="Minimum NVIDIA driver."),
+    expected_gpus: int = EXPECTED_GPUS_OPTION,
+    min_driver: str = MIN_DRIVER_OPTION,
     stop_engines_on_exit: bool = typer.Option(
         False,
         "--stop-engines-on-exit",
         help="Drain engines when the agent exits (default: leave them; a restart adopts them).",
     ),
     allow_root: bool = typer.Option(False, "--allow-root", help="Run even as root."),
-    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+    log_level: str = typer.Option(None, "--log-level", help="debug, info, warning, error."),
 ) -> None:
     """Run the agent: register with the control plane, heartbeat, supervise engines."""
     if ctx.invoked_subcommand is not None:
         return
-    if not control_plane:
-        fail("--control-plane URL is required (or env DCTL_CONTROL_PLANE)", USAGE)
-    if os.geteuid() == 0 and not allow_root:
+    settings = _settings(
+        config,
+        control_plane=control_plane,
+        bootstrap_token=bootstrap_token,
+        bootstrap_token_file=bootstrap_token_file,
+        data_dir=data_dir,
+        gpu_backend=gpu_backend,
+        fake_gpus=fake_gpus,
+        fake_faults=fake_faults,
+        ports=ports,
+        advertise_address=advertise_address,
+        name=name,
+        labels=label or None,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        startup_grace_s=startup_grace_s,
+        expected_gpus=expected_gpus,
+        min_driver=min_driver,
+        # An absent on-switch leaves the file's or env's value alone.
+        stop_engines_on_exit=stop_engines_on_exit or None,
+        allow_root=allow_root or None,
+        log_level=log_level,
+    )
+    if not settings.control_plane:
+        fail(
+            "control_plane is required: --control-plane URL, env DCTL_AGENT_CONTROL_PLANE, or "
+            "control_plane in the [agent] table of the config file",
+            USAGE,
+        )
+    if os.geteuid() == 0 and not settings.allow_root:
         fail(
             "refusing to run as root: run the agent as an ordinary user (engines and snapshots "
             "need no root), or pass --allow-root"
         )
+    from agent.settings import SettingsError
     from protocol.logs import configure_logging
 
-    configure_logging(log_level, "kv")
-    import logging
-
+    configure_logging(settings.log_level, settings.log_format)
     # One line per probe and heartbeat would drown what matters.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    _run_agent(
-        control_plane=control_plane,
-        bootstrap_token=bootstrap_token,
-        data_dir=_data_dir(data_dir),
-        selection=_select(gpu_backend, fake_gpus, fake_faults),
-        port_range=_port_range(ports),
-        name=name,
-        labels=_labels(label),
-        metrics=(metrics_host, metrics_port),
-        startup_grace_s=startup_grace_s,
-        preflight=_preflight_config(_data_dir(data_dir), expected_gpus, min_driver),
-        stop_engines_on_exit=stop_engines_on_exit,
-    )
+    try:
+        token = settings.read_bootstrap_token()
+    except SettingsError as exc:
+        fail(str(exc), USAGE)
+    source = ctx.get_parameter_source("bootstrap_token")  # typer vendors click: match by name
+    if source is not None and source.name == "COMMANDLINE":
+        logging.getLogger("dctl.agent").warning(
+            "--bootstrap-token on the command line is visible to every user of this host "
+            "(ps, /proc): pass --bootstrap-token-file FILE (0600) or env DCTL_BOOTSTRAP_TOKEN"
+        )
+    _run_agent(settings, settings.control_plane, token, _advertise_address(settings))
+
+
+def _advertise_address(settings: AgentSettings) -> str:
+    from agent.host_facts import route_address
+
+    if settings.advertise_address:
+        return settings.advertise_address
+    assert settings.control_plane is not None
+    try:
+        return route_address(settings.control_plane)
+    except OSError as exc:
+        fail(
+            f"advertise_address: no route to {settings.control_plane} to take it from ({exc}); "
+            "pass --advertise-address with the address other machines reach this host at",
+            USAGE,
+        )
 
 
 def _run_agent(
-    *,
-    control_plane: str,
-    bootstrap_token: str | None,
-    data_dir: Path,
-    selection: BackendSelection,
-    port_range: tuple[int, int],
-    name: str | None,
-    labels: dict[str, str],
-    metrics: tuple[str, int],
-    startup_grace_s: float,
-    preflight: Any,
-    stop_engines_on_exit: bool,
+    settings: AgentSettings, control_plane: str, bootstrap_token: str | None, advertise: str
 ) -> None:
-    import logging
-
-    import httpx
-
-    from agent.control_plane import ControlPlaneClient, ControlPlaneRejected
-    from agent.engine_process import HttpProber, SubprocessLauncher
+    from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, UnusableIdentity
+    from agent.engine_process import HttpMetricsScraper, HttpProber, SubprocessLauncher
     from agent.host_facts import default_host_name
     from agent.instance_spec import SupervisorPolicy
     from agent.metrics import AgentMetrics
     from agent.preflight import run_preflight
+    from agent.private_files import private_dir, write_private
     from agent.runtime import Agent, AgentConfig
     from agent.snapshots import SnapshotStore
     from agent.supervisor import Supervisor
 
     log = logging.getLogger("dctl.agent")
+    data_dir = settings.data_dir
+    try:
+        # Before anything is written there: the token, engine configs and pid files live below.
+        private_dir(data_dir)
+        private_dir(data_dir / "agent")
+    except OSError as exc:
+        fail(f"data_dir (--data-dir): {exc}", USAGE)
+    selection = _select(settings)
     if selection.warning:
         log.warning("%s", selection.warning)
-    report = run_preflight(selection, preflight)
+    report = run_preflight(selection, _preflight_config(settings))
     for check in report.checks:
         level = {"pass": logging.INFO, "warn": logging.WARNING, "fail": logging.ERROR}
         log.log(level[check.status], "preflight %s: %s: %s", check.name, check.status, check.reason)
     agent_metrics = AgentMetrics()
-    host, port = metrics
+    host, port = settings.metrics_host, settings.metrics_port
     try:
         bound = agent_metrics.serve(port, host)
     except OSError as exc:
         fail(f"--metrics-port {port} on {host}: {exc.strerror}; pass a free port (0: any)")
-    (data_dir / "agent").mkdir(parents=True, exist_ok=True)
-    (data_dir / "agent" / "metrics-port").write_text(f"{bound}\n")
+    write_private(data_dir / "agent" / "metrics-port", f"{bound}\n")
     log.info("agent /metrics on http://%s:%s/metrics", host, bound)
-    scraper = httpx.Client(timeout=2.0)
-
-    def fetch_metrics(engine_port: int) -> str | None:
-        try:
-            response = scraper.get(f"http://127.0.0.1:{engine_port}/metrics")
-        except httpx.HTTPError:
-            return None
-        return response.text if response.status_code == 200 else None
-
+    log.info("engines listen on (and are advertised at) %s", advertise)
     supervisor = Supervisor(
         data_dir / "agent" / "run",
         SubprocessLauncher(),
         HttpProber(),
-        policy=SupervisorPolicy(startup_grace_s=startup_grace_s),
+        policy=SupervisorPolicy(startup_grace_s=settings.startup_grace_s),
     )
     config = AgentConfig(
         control_plane=control_plane,
         data_dir=data_dir,
         bootstrap_token=bootstrap_token,
-        host_name=name or default_host_name(),
-        labels=labels,
-        port_range=port_range,
-        stop_engines_on_exit=stop_engines_on_exit,
+        host_name=settings.name or default_host_name(),
+        advertise_address=advertise,
+        labels=settings.labels,
+        port_range=settings.ports,
+        stop_engines_on_exit=settings.stop_engines_on_exit,
     )
     runtime = Agent(
         config,
@@ -233,9 +269,9 @@ def _run_agent(
         report,
         SnapshotStore(data_dir / "snapshots"),
         supervisor,
-        ControlPlaneClient(control_plane),
+        ControlPlaneLink(control_plane),
         metrics=agent_metrics,
-        fetch_metrics=fetch_metrics,
+        fetch_metrics=HttpMetricsScraper(),
     )
     stop = threading.Event()
 
@@ -247,7 +283,7 @@ def _run_agent(
     signal.signal(signal.SIGINT, on_signal)
     try:
         runtime.run(stop)
-    except ControlPlaneRejected as exc:
+    except (ControlPlaneRejected, UnusableIdentity) as exc:
         fail(str(exc))
 
 
@@ -258,21 +294,29 @@ def _gib(value: int | None) -> str | None:
 @agent_app.command("preflight")
 def preflight(
     json_output: bool = JSON_OPTION,
+    config: Path = CONFIG_OPTION,
     data_dir: Path = DATA_DIR_OPTION,
     gpu_backend: str = BACKEND_OPTION,
     fake_gpus: str = FAKE_GPUS_OPTION,
     fake_faults: str = FAKE_FAULTS_OPTION,
-    expected_gpus: int = typer.Option(None, "--expected-gpus", help="GPUs this host must have."),
-    min_driver: str = typer.Option("535.0", "--min-driver", help="Minimum NVIDIA driver."),
+    expected_gpus: int = EXPECTED_GPUS_OPTION,
+    min_driver: str = MIN_DRIVER_OPTION,
 ) -> None:
     """Check drivers, GPUs, disk and torch on this host; exit 1 when a check fails."""
     from agent.gpu import na
     from agent.preflight import run_preflight
 
-    selection = _select(gpu_backend, fake_gpus, fake_faults)
-    report = run_preflight(
-        selection, _preflight_config(_data_dir(data_dir), expected_gpus, min_driver)
+    settings = _settings(
+        config,
+        data_dir=data_dir,
+        gpu_backend=gpu_backend,
+        fake_gpus=fake_gpus,
+        fake_faults=fake_faults,
+        expected_gpus=expected_gpus,
+        min_driver=min_driver,
     )
+    selection = _select(settings)
+    report = run_preflight(selection, _preflight_config(settings))
     sample = None
     if selection.backend is not None:
         from agent.gpu import GpuError
@@ -335,11 +379,15 @@ def preflight(
 
 
 @agent_app.command("verify")
-def verify(json_output: bool = JSON_OPTION, data_dir: Path = DATA_DIR_OPTION) -> None:
+def verify(
+    json_output: bool = JSON_OPTION,
+    config: Path = CONFIG_OPTION,
+    data_dir: Path = DATA_DIR_OPTION,
+) -> None:
     """Re-hash every stored weight snapshot against its manifest; exit 1 on any mismatch."""
     from agent.snapshots import SnapshotStore
 
-    store = SnapshotStore(_data_dir(data_dir) / "snapshots")
+    store = SnapshotStore(_settings(config, data_dir=data_dir).data_dir / "snapshots")
     results = [store.verify(digest) for digest in store.digests()]
     rows = [{"digest": r.digest, "ok": r.ok, "bad_files": r.bad_files} for r in results]
     if json_output:

@@ -8,7 +8,9 @@ from typing import Any
 
 import typer
 
+from cli.columns import DEPLOYMENT_INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
+from cli.options import label_option
 from cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
 from cli.remote import connect, split_name_version, validated
 
@@ -17,6 +19,7 @@ deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", n
 ENGINE_CONFIG_OPTION = typer.Option(
     None, "--engine-config", help="YAML or JSON file with the engine settings of every instance."
 )
+GPUS_HELP = "GPUs each instance gets, its own on its host; 0: all GPUs of the host."
 
 
 def _ready(deployment: Mapping[str, Any]) -> str:
@@ -38,18 +41,9 @@ DEPLOYMENT_COLUMNS: list[Column] = [
     ("version", "version"),
     ("placement", _placement),
     ("per host", "instances_per_host"),
+    ("gpus each", lambda d: d.get("gpus_per_instance") or "all"),
     ("ready", _ready),
     ("updated", "updated_at"),
-]
-INSTANCE_COLUMNS: list[Column] = [
-    ("id", "id"),
-    ("host", "host"),
-    ("version", "version"),
-    ("port", "port"),
-    ("desired", "desired_state"),
-    ("observed", "observed_state"),
-    ("restarts", "restart_count"),
-    ("message", "message"),
 ]
 
 
@@ -70,16 +64,6 @@ def read_engine_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _split_labels(labels: list[str]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for item in labels:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            fail(f"--label {item!r}: write it as KEY=VALUE", USAGE)
-        found[key] = value
-    return found
-
-
 def _split_hosts(hosts: list[str]) -> list[str]:
     # `--hosts a,b --hosts c` and `--hosts a --hosts b` both work.
     return [h.strip() for item in hosts for h in item.split(",") if h.strip()]
@@ -94,6 +78,9 @@ def deploy_create(
         [], "--label", metavar="KEY=VALUE", help="Also every host with all these labels."
     ),
     instances_per_host: int = typer.Option(1, "--instances-per-host", min=0),
+    gpus_per_instance: int | None = typer.Option(
+        None, "--gpus-per-instance", min=0, help=GPUS_HELP
+    ),
     engine_config: Path | None = ENGINE_CONFIG_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -101,7 +88,7 @@ def deploy_create(
     from protocol.rest import DeploymentCreate, Placement
 
     model_name, version = split_name_version(model, "--model")
-    host_names, selector = _split_hosts(hosts), _split_labels(labels)
+    host_names, selector = _split_hosts(hosts), label_option(labels)
     if not host_names and not selector:
         fail("say where to run it: --hosts NAME[,NAME...] and/or --label KEY=VALUE", USAGE)
     config = read_engine_config(engine_config) if engine_config else {}
@@ -112,6 +99,7 @@ def deploy_create(
             version=version,
             placement=Placement(hosts=host_names, labels=selector),
             instances_per_host=instances_per_host,
+            gpus_per_instance=gpus_per_instance,
             engine_config=config,
         )
     )
@@ -149,7 +137,7 @@ def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
     ]
     emit(found, as_json=False, fields=fields)
     print()
-    print_table(found["instances"], INSTANCE_COLUMNS, empty="no instances")
+    print_table(found["instances"], DEPLOYMENT_INSTANCE_COLUMNS, empty="no instances")
 
 
 @deploy_app.command("scale")
@@ -173,20 +161,35 @@ def deploy_scale(
 @deploy_app.command("configure")
 def deploy_configure(
     name: str,
-    engine_config: Path = typer.Option(..., "--engine-config", help="YAML or JSON file."),
+    engine_config: Path | None = ENGINE_CONFIG_OPTION,
+    gpus_per_instance: int | None = typer.Option(
+        None, "--gpus-per-instance", min=0, help=GPUS_HELP
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Replace the engine config of deployment NAME; its instances restart with it (operator)."""
+    """Replace the engine config and/or GPUs per instance of deployment NAME (operator).
+
+    Its instances restart with them.
+    """
     from protocol.rest import DeploymentUpdate
 
-    config = read_engine_config(engine_config)
-    change = validated(lambda: DeploymentUpdate(engine_config=config))
+    if engine_config is None and gpus_per_instance is None:
+        fail("say what to change: --engine-config FILE and/or --gpus-per-instance N", USAGE)
+    config = read_engine_config(engine_config) if engine_config is not None else None
+    change = validated(
+        lambda: DeploymentUpdate(engine_config=config, gpus_per_instance=gpus_per_instance)
+    )
     with connect() as api:
         updated = plain(api.update_deployment(name, change))
     if as_json:
         print_json(updated)
         return
-    print(f"deployment {name}: engine config updated")
+    changed = []
+    if config is not None:
+        changed.append("engine config updated")
+    if gpus_per_instance is not None:
+        changed.append(f"{gpus_per_instance or 'all'} GPU(s) per instance")
+    print(f"deployment {name}: {', '.join(changed)}")
 
 
 @deploy_app.command("delete")

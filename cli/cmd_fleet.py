@@ -7,11 +7,11 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 
 import typer
 
+from cli.columns import INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
 from cli.output import (
     JSON_OPTION,
@@ -24,21 +24,13 @@ from cli.output import (
     print_table,
 )
 from cli.remote import connect, validated
+from protocol.vocabulary import CreatableRole
 
 host_app = typer.Typer(help="Hosts: list, show, drain, undrain, remove.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
 context_app = typer.Typer(
     help="Control planes the CLI knows (the credentials file).", no_args_is_help=True
 )
-
-
-class Role(StrEnum):
-    """Roles a token may have."""
-
-    viewer = "viewer"
-    operator = "operator"
-    admin = "admin"
-    bootstrap = "bootstrap"
 
 
 def _gpu_count(host: Mapping[str, Any]) -> int:
@@ -49,6 +41,7 @@ HOST_COLUMNS: list[Column] = [
     ("name", "name"),
     ("state", "state"),
     ("draining", "draining"),
+    ("address", "advertise_address"),
     ("gpus", _gpu_count),
     ("last seen", "last_seen_at"),
     ("labels", "labels"),
@@ -61,17 +54,6 @@ GPU_COLUMNS: list[Column] = [
     ("util %", "utilization_percent"),
     ("temp C", "temperature_c"),
     ("power W", "power_w"),
-]
-INSTANCE_COLUMNS: list[Column] = [
-    ("id", "id"),
-    ("deployment", "deployment"),
-    ("host", "host"),
-    ("version", "version"),
-    ("port", "port"),
-    ("desired", "desired_state"),
-    ("observed", "observed_state"),
-    ("restarts", "restart_count"),
-    ("message", "message"),
 ]
 EVENT_COLUMNS: list[Column] = [
     ("time", "time"),
@@ -248,7 +230,7 @@ def parse_duration(text: str) -> int:
 @token_app.command("create")
 def token_create(
     name: str,
-    role: Role = typer.Option(..., "--role", help="viewer, operator, admin or bootstrap."),
+    role: CreatableRole = typer.Option(..., "--role", help="What the token may do."),
     expires: str | None = typer.Option(None, "--expires", help="Lifetime, e.g. 30m, 24h, 7d."),
     uses: int | None = typer.Option(None, "--uses", min=1, help="Uses before it stops working."),
     as_json: bool = JSON_OPTION,
@@ -257,18 +239,14 @@ def token_create(
     from protocol.rest import TokenCreate
 
     expires_s = parse_duration(expires) if expires else None
-    spec = validated(
-        lambda: TokenCreate(name=name, role=role.value, expires_in_s=expires_s, uses=uses)
-    )
+    spec = validated(lambda: TokenCreate(name=name, role=role, expires_in_s=expires_s, uses=uses))
     with connect() as api:
         token = api.create_token(spec)
     if as_json:
         print_json(plain(token))
         return
     # The secret alone goes to stdout, so `SECRET=$(dctl token create ...)` just works.
-    print(
-        f"token {name} ({role.value}) created; its secret, shown only this once:", file=sys.stderr
-    )
+    print(f"token {name} ({role}) created; its secret, shown only this once:", file=sys.stderr)
     print(token.secret)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +19,7 @@ from cli.output import (
     print_table,
 )
 from cli.remote import connect, split_name_version
+from protocol.vocabulary import VersionLine
 
 if TYPE_CHECKING:
     from protocol.wire import MemoryPlan
@@ -27,14 +27,6 @@ if TYPE_CHECKING:
 model_app = typer.Typer(
     help="Model versions: weight snapshots with sha256 manifests.", no_args_is_help=True
 )
-
-
-class Line(StrEnum):
-    """Version lines: a base model, its block-diffusion conversion, or a fine-tune."""
-
-    base = "base"
-    diffusion = "diffusion"
-    finetune = "finetune"
 
 
 VERSION_COLUMNS: list[Column] = [
@@ -73,7 +65,9 @@ def model_register(
     directory: Path = typer.Argument(
         ..., help="Checkpoint directory (config.json, *.safetensors)."
     ),
-    line: Line = typer.Option(Line.base, "--line", help="base, diffusion or finetune."),
+    line: VersionLine = typer.Option(
+        "base", "--line", help="Base model, its block-diffusion conversion, or a fine-tune."
+    ),
     parent: str | None = typer.Option(
         None, "--parent", metavar="NAME:VERSION", help="The version this one derives from."
     ),
@@ -103,7 +97,7 @@ def model_register(
             version,
             manifest,
             source_uri=source,
-            line=line.value,
+            line=line,
             parent=parent,
             memory_plan=plan,
             notes=notes,

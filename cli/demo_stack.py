@@ -35,6 +35,7 @@ class DemoEndpoints:
 
     control_plane: str
     base_url: str
+    api_key: str
     context: str
     context_is_current: bool
 
@@ -268,7 +269,7 @@ class DemoStack:
                     placement=Placement(hosts=[host]),
                 )
             )
-        ports: list[int] = []
+        ready_instances: list[tuple[int, int]] = []  # (instance id, port)
 
         def instance_ready() -> bool:
             try:
@@ -277,17 +278,34 @@ class DemoStack:
                 return False
             # The stored state may be left over from an earlier run: ask the engine itself too.
             ready = [
-                i.port
+                (i.id, i.port)
                 for i in deployment.instances
                 if i.observed_state == "ready" and _engine_ready(i.port)
             ]
-            ports[:] = ready
+            ready_instances[:] = ready
             return bool(ready)
 
         self.say("waiting for the engine to load the model and become ready")
         self._wait_for("the demo instance to become ready", instance_ready, self.timeout_s)
         api.close()
-        return DemoEndpoints(self.url, f"http://127.0.0.1:{ports[0]}/v1", context, current)
+        instance_id, port = ready_instances[0]
+        return DemoEndpoints(
+            self.url, f"http://127.0.0.1:{port}/v1", self._engine_key(instance_id), context, current
+        )
+
+    def _engine_key(self, instance_id: int) -> str:
+        """The demo engine's API key, read from the 0600 config its (local) agent wrote.
+
+        The API never shows instance keys to an operator; the demo owns the agent's data dir.
+        """
+        import yaml
+
+        config = self.data_dir / "agent" / "agent" / "run" / f"instance-{instance_id}.yaml"
+        try:
+            key = yaml.safe_load(config.read_text())["service"]["api_key"]
+        except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+            raise CliError(f"cannot read the demo engine's API key from {config}: {exc}") from exc
+        return str(key)
 
     def watch(self, stop: threading.Event) -> None:
         """Block until STOP is set; a child that dies ends the demo with an error."""
@@ -333,6 +351,7 @@ def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
                 context_note += f" (`dctl context use {endpoints.context}` makes it current)"
         sample = (
             f"curl {endpoints.base_url}/chat/completions -H 'Content-Type: application/json' "
+            f"-H 'Authorization: Bearer {endpoints.api_key}' "
             f"""-d '{{"model": "{DEPLOYMENT}", "messages": [{{"role": "user", "content": """
             """"Hello!"}], "max_tokens": 32}'"""
         )
@@ -343,6 +362,7 @@ def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
                     "dctl demo is up.",
                     f"Control plane: {endpoints.control_plane}",
                     f"OpenAI base URL: {endpoints.base_url}",
+                    f"OpenAI API key: {endpoints.api_key}",
                     *([context_note] if context_note else []),
                     "Try:",
                     f"  {sample}",

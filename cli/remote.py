@@ -29,13 +29,15 @@ def connect(timeout: float = 10.0) -> Iterator[ControlPlaneClient]:
     """A client for the current context (`DCTL_URL`/`DCTL_TOKEN` override it); errors exit 1."""
     # Imported here so that `dctl --help` never pays for httpx and pydantic.
     from client.credentials import CredentialsError, resolve
-    from client.http import ClientError, ControlPlaneClient
+    from client.errors import ClientError
+    from client.http import ControlPlaneClient
 
     try:
         context = resolve()
-    except CredentialsError as exc:
+        client = ControlPlaneClient.from_context(context, timeout=timeout)
+    except (CredentialsError, ClientError) as exc:
+        # A context (or DCTL_URL) whose URL is not http(s)://HOST is refused here, before any call.
         fail(str(exc))
-    client = ControlPlaneClient.from_context(context, timeout=timeout)
     try:
         yield client
     except ClientError as exc:

@@ -1,12 +1,16 @@
-"""The control plane's REST client and the CLI's credentials (contexts), shared by CLI and TUI.
+"""The control plane's REST client (sync and async) and the CLI's credentials (contexts).
 
 Imports only `protocol` of the project: no sqlmodel, fastapi or torch.
 """
 
+from client.calls import Call
 from client.credentials import Context, CredentialsError, CredentialsFile
-from client.http import ClientError, ControlPlaneClient
+from client.errors import ClientError
+from client.http import AsyncControlPlaneClient, ControlPlaneClient
 
 __all__ = [
+    "AsyncControlPlaneClient",
+    "Call",
     "ClientError",
     "Context",
     "ControlPlaneClient",

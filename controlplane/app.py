@@ -1,54 +1,35 @@
-"""The control-plane ASGI app: REST API, health, metrics and the host-health controller."""
+"""The control-plane ASGI app: REST API, health, metrics, and the controllers' loop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
-from starlette.concurrency import run_in_threadpool
 
 from controlplane.api import agents, deployments, events, health, hosts, models, tokens
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
 from controlplane.auth import AgentTokenCache
+from controlplane.controllers import CONTROLLERS_LEASE, ControllerLoop, LeaderCollector
 from controlplane.db import make_engine
 from controlplane.heartbeats import HeartbeatService
-from controlplane.hosthealth import HostHealthMonitor
+from controlplane.hosthealth import HostHealthController, HostHealthMonitor
+from controlplane.lease import DatabaseLease, new_holder_id
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.settings import ControlPlaneSettings
 from protocol.wire import HEARTBEAT_PATH, Heartbeat
-
-log = logging.getLogger("controlplane.app")
-
-HEALTH_SWEEP_S = 1.0
-PRUNE_EVERY_SWEEPS = 60
 
 
 def utc_now() -> datetime:
     """The real clock."""
     return datetime.now(UTC)
-
-
-async def _controllers(ctx: AppContext) -> None:
-    """Host-health sweeps (and metric-sample pruning) until cancelled."""
-    sweeps = 0
-    while True:
-        try:
-            await run_in_threadpool(ctx.health.sweep)
-            if sweeps % PRUNE_EVERY_SWEEPS == 0:
-                await run_in_threadpool(ctx.health.prune_samples)
-        except Exception:  # a failed sweep must not kill the loop; the next one retries
-            log.exception("host health sweep failed")
-        sweeps += 1
-        await asyncio.sleep(HEALTH_SWEEP_S)
 
 
 def create_app(
@@ -62,26 +43,36 @@ def create_app(
 
     The database must already be migrated (`controlplane.migrate.ensure_up_to_date`); the
     caller (`dctl server`) checks that and creates the first admin token. `clock` is injected
-    so tests drive host health without sleeping; `run_controllers=False` leaves the periodic
-    sweeps to the test.
+    so tests drive host health without sleeping; `run_controllers=False` leaves the controller
+    rounds to the test (`app.state.controllers.step()`).
     """
     clock = clock or utc_now
     owns_engine = engine is None
     engine = engine or make_engine(settings.resolved_database_url())
     metrics = ControlPlaneMetrics(engine, clock)
+    token_cache = AgentTokenCache()
     ctx = AppContext(
         settings=settings,
         engine=engine,
         clock=clock,
-        heartbeats=HeartbeatService(engine, clock, on_heartbeat=metrics.observe_heartbeat),
+        heartbeats=HeartbeatService(
+            engine, clock, token_cache, on_heartbeat=metrics.observe_heartbeat
+        ),
         health=HostHealthMonitor(engine, clock),
         metrics=metrics,
-        token_cache=AgentTokenCache(),
+        token_cache=token_cache,
     )
+    lease = DatabaseLease(
+        engine, CONTROLLERS_LEASE, new_holder_id(), timedelta(seconds=settings.lease_s)
+    )
+    controllers = ControllerLoop(lease, [HostHealthController(ctx.health)], clock)
+    metrics.registry.register(LeaderCollector(controllers))
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(_controllers(ctx)) if run_controllers else None
+        task = None
+        if run_controllers:
+            task = asyncio.create_task(controllers.run(ctx.heartbeats.run_on_writer))
         try:
             yield
         finally:
@@ -100,6 +91,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.ctx = ctx
+    app.state.controllers = controllers
     install_error_handlers(app)
     # Agents first: the heartbeat route is matched most often.
     for module in (agents, hosts, models, deployments, events, tokens, health):

@@ -9,26 +9,16 @@ import secrets
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from controlplane.models import ApiToken
+from protocol.vocabulary import Role
 
 TOKEN_PREFIX = "dctl"
 _TOKEN_RE = re.compile(r"^dctl_([a-z0-9]{12})_([A-Za-z0-9_\-]{20,128})$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
-
-
-class Role(StrEnum):
-    """What a token may do. viewer < operator < admin; bootstrap and agent stand apart."""
-
-    VIEWER = "viewer"
-    OPERATOR = "operator"
-    ADMIN = "admin"
-    BOOTSTRAP = "bootstrap"  # may only register agents
-    AGENT = "agent"  # one host's heartbeats and the model files it serves
 
 
 # Roles each role includes: an admin may do what an operator may, and so on.
@@ -43,6 +33,10 @@ ROLE_GRANTS: dict[Role, frozenset[Role]] = {
 
 class AuthError(Exception):
     """The request carries no usable token (HTTP 401); the message says why."""
+
+
+class TokenRefused(AuthError):
+    """A write that re-checks the token found it no longer valid (revoked, expired, used up)."""
 
 
 @dataclass(frozen=True)
@@ -150,16 +144,20 @@ def authenticate(session: Session, secret: str, now: datetime) -> Principal:
 
 
 class AgentTokenCache:
-    """Recently verified agent tokens, so a heartbeat costs no token query.
+    """Who recently verified agent tokens belong to: identity only, never whether they still work.
 
-    Entries live `ttl` seconds at most, so a token revoked by another replica stops working
-    within that time; on this replica revocation, re-registration and host removal drop the
-    entries at once. Only agent tokens without a uses limit are cached.
+    A hit spares a heartbeat the token query (the SHA-256 of the secret is still compared here),
+    but not the check that matters across replicas: the heartbeat's own write verifies, in the
+    same statement, that the token row is unrevoked, unexpired and bound to the host
+    (`controlplane.observed_state`), so a token revoked on any replica fails its next heartbeat
+    everywhere. Nothing else consults this cache: every other request authenticates against the
+    store. Entries live `ttl` (a minute) so that `authenticate` still refreshes `last_used_at` at
+    its resolution; only agent tokens bound to a host and without a uses limit are kept.
     """
 
-    def __init__(self, ttl: timedelta = timedelta(seconds=5)) -> None:
+    def __init__(self, ttl: timedelta = LAST_USED_RESOLUTION) -> None:
         self._ttl = ttl
-        self._entries: dict[str, tuple[str, Principal, datetime | None, datetime]] = {}
+        self._entries: dict[str, tuple[str, Principal, datetime]] = {}
         self._lock = threading.Lock()
 
     def get(self, secret: str, now: datetime) -> Principal | None:
@@ -170,7 +168,8 @@ class AgentTokenCache:
         entry = self._entries.get(match.group(1))
         if entry is None:
             return None
-        digest, principal, expires_at, cached_at = entry
+        digest, principal, cached_at = entry
+        expires_at = principal.expires_at
         if now - cached_at >= self._ttl or (expires_at is not None and expires_at <= now):
             return None
         if not hmac.compare_digest(digest, hash_secret(secret)):
@@ -179,18 +178,13 @@ class AgentTokenCache:
 
     def put(self, secret: str, principal: Principal, now: datetime) -> None:
         """Remember a token that `authenticate` just accepted."""
-        if principal.role != Role.AGENT or principal.limited_uses:
+        if principal.role != Role.AGENT or principal.host_id is None or principal.limited_uses:
             return
         with self._lock:
-            self._entries[principal.key_id] = (
-                hash_secret(secret),
-                principal,
-                principal.expires_at,
-                now,
-            )
+            self._entries[principal.key_id] = (hash_secret(secret), principal, now)
 
     def drop_key(self, key_id: str) -> None:
-        """Forget one token (it was revoked)."""
+        """Forget one token (it was revoked, or a heartbeat's write refused it)."""
         with self._lock:
             self._entries.pop(key_id, None)
 

@@ -1,4 +1,8 @@
-"""Host health: a host with no heartbeat for 3 intervals is not_ready, after 10 unreachable."""
+"""Host health: a host with no heartbeat for 3 intervals is not_ready, after 10 unreachable.
+
+`HostHealthMonitor` holds the rules; `HostHealthController` runs them as a controller (on the
+replica that holds the controllers' lease, see `controlplane.controllers`).
+"""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from protocol.wire import HostState
 NOT_READY_AFTER_INTERVALS = 3
 UNREACHABLE_AFTER_INTERVALS = 10
 DEFAULT_SAMPLE_RETENTION = timedelta(hours=24)
+PRUNE_EVERY = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -51,9 +56,9 @@ class HostHealthMonitor:
         self._clock = clock
         self._retention = sample_retention
 
-    def sweep(self) -> list[Transition]:
+    def sweep(self, now: datetime | None = None) -> list[Transition]:
         """Check every host once; write the state changes and their events in one transaction."""
-        now = self._clock()
+        now = now or self._clock()
         transitions: list[Transition] = []
         with Session(self._engine) as session:
             # Only the columns the decision needs: this runs every second over the whole fleet.
@@ -103,9 +108,27 @@ class HostHealthMonitor:
             session.commit()
         return transitions
 
-    def prune_samples(self) -> int:
+    def prune_samples(self, now: datetime | None = None) -> int:
         """Delete metric samples older than the retention; returns how many."""
-        cutoff = self._clock() - self._retention
+        cutoff = (now or self._clock()) - self._retention
         with self._engine.begin() as conn:
             result = conn.execute(delete(MetricSample).where(col(MetricSample.time) < cutoff))
         return int(getattr(result, "rowcount", 0) or 0)
+
+
+class HostHealthController:
+    """The host-health controller: a sweep every tick, sample pruning once a minute."""
+
+    name = "host-health"
+
+    def __init__(self, monitor: HostHealthMonitor, prune_every: timedelta = PRUNE_EVERY) -> None:
+        self.monitor = monitor
+        self._prune_every = prune_every
+        self._pruned_at: datetime | None = None
+
+    def tick(self, now: datetime) -> None:
+        """Degrade silent hosts; prune old samples when a minute has passed since the last time."""
+        self.monitor.sweep(now)
+        if self._pruned_at is None or now - self._pruned_at >= self._prune_every:
+            self.monitor.prune_samples(now)
+            self._pruned_at = now

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlmodel import col
 
@@ -23,6 +24,13 @@ class HostSampleBucket:
 
     Counters are summed deltas over the bucket; gauges and GPU readings are the last value
     seen in it. Rows carry the bucket's start time.
+
+    With several replicas, one agent's heartbeats may land on more than one of them, each
+    holding part of a bucket. A bucket that saw such a heartbeat (`shared`: the caller saw
+    another replica write since this one did) is merged into the rows already stored when it
+    closes: counters add up, gauges take this replica's value. The caller holds the host row
+    locked (its heartbeat UPDATE), so two replicas never merge the same host's bucket at once.
+    A bucket nobody else touched is written with plain INSERTs, as before.
     """
 
     host_id: int
@@ -30,15 +38,21 @@ class HostSampleBucket:
     last_gpus: list[GpuStatus] = field(default_factory=list)
     counters: dict[tuple[int, str], float] = field(default_factory=dict)
     gauges: dict[tuple[int | None, str], float] = field(default_factory=dict)
+    shared: bool = False
 
-    def add(self, conn: Connection, beat: Heartbeat, now: datetime) -> None:
-        """Fold a heartbeat in; first write the previous bucket if `now` starts a new one."""
+    def add(self, conn: Connection, beat: Heartbeat, now: datetime, *, shared: bool) -> None:
+        """Fold a heartbeat in; first write the previous bucket if `now` starts a new one.
+
+        `shared`: another replica wrote this host's observed state since this one last did.
+        """
         bucket = int(now.timestamp()) // SAMPLE_BUCKET_S
+        self.shared = self.shared or shared
         if self.bucket == -1:
             self.bucket = bucket
         if bucket != self.bucket:
             self._flush(conn, now)
             self.bucket = bucket
+            self.shared = shared
         self.last_gpus = beat.gpus
         for metrics in beat.metrics:
             for name, delta in metrics.counters.items():
@@ -71,7 +85,47 @@ class HostSampleBucket:
             # Metrics of instances that are not (or no longer) this host's are dropped.
             if instance_id is None or instance_id in own
         ]
+        if rows and self.shared:
+            rows = self._merge(conn, bucket_time, rows)
         if rows:
             conn.execute(insert(MetricSample), rows)
         self.counters.clear()
         self.gauges.clear()
+
+    def _merge(
+        self, conn: Connection, bucket_time: datetime, rows: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Fold `rows` into the bucket's stored rows; returns the rows that are new."""
+        stored = {
+            (r.instance_id, r.name): (r.id, r.value)
+            for r in conn.execute(
+                select(
+                    col(MetricSample.id),
+                    col(MetricSample.instance_id),
+                    col(MetricSample.name),
+                    col(MetricSample.value),
+                ).where(
+                    col(MetricSample.host_id) == self.host_id, col(MetricSample.time) == bucket_time
+                )
+            )
+        }
+        fresh, updates = [], []
+        for row in rows:
+            key = (row["instance_id"], row["name"])
+            if key not in stored:
+                fresh.append(row)
+                continue
+            sample_id, value = stored[key]
+            if key in self.counters:
+                value += row["value"]
+            else:
+                value = row["value"]
+            updates.append({"b_id": sample_id, "b_value": value})
+        if updates:
+            conn.execute(
+                update(MetricSample)
+                .where(col(MetricSample.id) == bindparam("b_id"))
+                .values(value=bindparam("b_value")),
+                updates,
+            )
+        return fresh

@@ -31,6 +31,9 @@ class ControlPlaneSettings(FileBackedSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=1, le=65535)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=300)
+    # How long the replica running the controllers holds their lease per renewal: another
+    # replica takes over within about this long after the holder dies.
+    lease_s: float = Field(default=5.0, ge=0.5, le=300)
     log_level: LogLevel = "info"
     log_format: LogFormat = "kv"
 

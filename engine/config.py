@@ -5,8 +5,10 @@ Importable without torch: the CLI and the agent use it to describe and size a ch
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointError
@@ -26,6 +28,17 @@ GENERIC_DEFAULT_BLOCK_SIZE = 4
 _MASK_KEYS = ("mask_token_id", "mask_id")
 _BLOCK_KEYS = ("block_size", "block_length", "dllm_block_length")
 _ROPE_TYPES = ("default", "linear")
+
+
+def read_checkpoint_json(path: Path) -> dict[str, Any]:
+    """One JSON object file of a checkpoint (config, generation / tokenizer config, index)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: must hold a JSON object")
+    return data
 
 
 def _fail(source: str, field_name: str, problem: str) -> CheckpointError:

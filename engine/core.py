@@ -1,26 +1,30 @@
 """EngineCore: the synchronous decoding loop — schedule, execute, update — owned by one thread.
 
-Each `step()` is one scheduling iteration: admit waiting requests into free cache slots,
-prefill a budget of prompt chunks, then one forward per block size that carries every running
-request's current block: a denoising step, fused with the commit of the previous block when that
-one just finished (rows of width 2B then go in their own forward). Requests that finish leave
-at once and free their slot for the next iteration.
+Each `step()` is one scheduling iteration. The scheduler plans it (admit waiting requests into
+free cache slots, a budget of prompt chunks, then one forward per block size that carries every
+running request's current block: a denoising step, fused with the commit of the previous block
+when that one just finished; rows of width 2B go in their own forward). The runner executes each
+forward and returns plain per-request results; `update_from_output` is the one place that
+applies them to the requests: cache positions, unmasked tokens, finish detection, emitted
+blocks and text. Requests that finish leave at once and free their slot for the next iteration.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from engine.decoding import detect_finish, releasable_text
+from engine.detokenizer import IncrementalDetokenizer
 from engine.errors import EngineError, InvalidParams
 from engine.kv_cache import KVCache
 from engine.model import Model
 from engine.params import SamplingParams
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, RequestResult
 from engine.sampling import RowSampler
-from engine.scheduler import Phase, PrefillChunk, Request, Scheduler
+from engine.scheduler import Request, Scheduler
 from engine.tokenizer import Tokenizer
 
 
@@ -118,15 +122,17 @@ class EngineCore:
             seed=params.seed,
             device=str(self.model.device),
         )
-        self.scheduler.add(
-            Request(
-                request_id=request_id,
-                prompt_ids=list(prompt_token_ids),
-                params=params,
-                block_size=params.resolved_block_size(self.default_block_size),
-                sampler=sampler,
-            )
+        request = Request(
+            request_id=request_id,
+            prompt_ids=list(prompt_token_ids),
+            params=params,
+            block_size=params.resolved_block_size(self.default_block_size),
+            sampler=sampler,
+            detokenizer=IncrementalDetokenizer(self.tokenizer.decode),
         )
+        # The first block starts right after the full prompt blocks that prefill caches.
+        request.open_block(request.prefill_target, self.mask_token_id)
+        self.scheduler.add(request)
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request; its slot is freed at the next step (unknown ids are ignored)."""
@@ -159,53 +165,57 @@ class EngineCore:
     # -- the loop ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestUpdate]:
-        """One scheduling iteration; returns the updates it produced."""
+        """One scheduling iteration: schedule -> execute -> update; returns the updates."""
         updates = self._apply_aborts()
-        stats = StepStats()
-        self.scheduler.admit(self.mask_token_id)
-        participants: set[str] = set()
-
-        by_length: dict[tuple[int, int], list[PrefillChunk]] = defaultdict(list)
-        for chunk in self.scheduler.prefill_chunks():
-            by_length[(chunk.length, chunk.request.block_size)].append(chunk)
-        for chunks in by_length.values():
-            self.runner.prefill(chunks)
+        plan = self.scheduler.schedule()
+        stats = StepStats(batch_size=plan.num_requests)
+        # Prefill results go in before the decode forwards read the cache lengths they set.
+        for chunks in plan.prefills:
+            updates += self.update_from_output(self.runner.prefill(chunks))
             stats.forwards += 1
-            for chunk in chunks:
-                request = chunk.request
-                participants.add(request.request_id)
-                if request.committed >= request.prefill_target:
-                    request.phase = Phase.DECODE
-                    request.start_block(self.mask_token_id)
-
-        # Rows of one forward share a width: B, or 2B when they also commit their last block.
-        by_shape: dict[tuple[int, bool], list[Request]] = defaultdict(list)
-        for request in self.scheduler.decoding():
-            by_shape[(request.block_size, request.pending_commit is not None)].append(request)
-        for group in by_shape.values():
-            outcome = self.runner.decode(group)
+        for group in plan.decodes:
+            results = self.runner.decode(group)
             stats.forwards += 1
-            stats.tokens_unmasked += outcome.tokens_unmasked
-            participants.update(r.request_id for r in group)
-            for request in outcome.denoised:
-                update = self._after_denoise(request)
-                if update is not None:
-                    updates.append(update)
-
-        stats.batch_size = len(participants)
+            stats.tokens_unmasked += sum(len(r.unmasked) for r in results)
+            updates += self.update_from_output(results)
         self.last_step = stats
+        return updates
+
+    def update_from_output(self, results: Sequence[RequestResult]) -> list[RequestUpdate]:
+        """Apply one forward's results to its requests: the only place decoding state changes.
+
+        Returns the updates they produced: a finished block, a finished request, or none.
+        """
+        updates = []
+        for result in results:
+            request = self.scheduler.running[result.request_id]
+            request.forwards += 1
+            request.committed += result.prefilled
+            if result.committed_block:
+                request.committed += request.block_size
+                request.pending_commit = None
+            if not result.denoised:
+                continue
+            request.step_in_block += 1
+            for offset, token in zip(result.unmasked, result.tokens, strict=True):
+                request.block_tokens[offset] = token
+                request.block_masked[offset] = False
+            update = self._after_denoise(request)
+            if update is not None:
+                updates.append(update)
         return updates
 
     def _after_denoise(self, request: Request) -> RequestUpdate | None:
         """Finish detection and block emission after a request's denoising step."""
-        block_done = not bool(request.block_masked.any())
-        known = request.generated + request.block_generated()
+        block_done = not any(request.block_masked)
+        new_known = request.block_generated()
+        stops = request.params.stop_strings()
         finish = detect_finish(
-            known,
+            len(request.generated),
+            new_known,
             max_tokens=request.params.max_tokens,
             eos_token_ids=self.eos_token_ids,
-            stop=request.params.stop_strings(),
-            decode=self.tokenizer.decode,
+            find_stop=partial(request.detokenizer.find_stop, stop=stops) if stops else None,
         )
         if finish is None and not block_done:
             return None
@@ -213,13 +223,13 @@ class EngineCore:
             request.first_block_at = time.perf_counter()
         request.steps_per_block.append(request.step_in_block)
         if finish is None:
-            new = known[len(request.generated) :]
-            request.generated = known
-            request.finish_block(self.mask_token_id)
-            return self._update(request, new, finished=False, reason=None)
-        final = known[: finish.num_tokens]
-        new = final[len(request.generated) :]
-        request.generated = final
+            request.detokenizer.extend(new_known)
+            # The block is final: it is committed by the next block's first step.
+            request.pending_commit = request.block_tokens
+            request.open_block(request.block_start, self.mask_token_id)
+            return self._update(request, new_known, finished=False)
+        new = new_known[: finish.num_tokens - len(request.generated)]
+        request.detokenizer.extend(new)
         self.scheduler.remove(request.request_id)
         return self._update(request, new, finished=True, reason=finish.reason, cut=finish.text_end)
 
@@ -229,16 +239,17 @@ class EngineCore:
         new_tokens: list[int],
         *,
         finished: bool,
-        reason: str | None,
+        reason: str | None = None,
         cut: int | None = None,
     ) -> RequestUpdate:
-        text = self.tokenizer.decode(request.generated)
+        """The update carrying `new_tokens` and the text that may be released with them;
+        `cut` ends the text (where a stop string starts)."""
+        # Only the text not sent yet is sliced: the cost does not grow with the output.
+        text = request.detokenizer.text_from(request.emitted_chars)
         if cut is not None:
-            text = text[:cut]
-        stops = request.params.stop_strings()
-        visible = releasable_text(text, finished=finished, stop=stops)
-        delta = visible[len(request.emitted_text) :]
-        request.emitted_text = visible
+            text = text[: max(0, cut - request.emitted_chars)]
+        delta = releasable_text(text, finished=finished, stop=request.params.stop_strings())
+        request.emitted_chars += len(delta)
         return RequestUpdate(
             request_id=request.request_id,
             new_token_ids=new_tokens,

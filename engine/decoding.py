@@ -5,8 +5,8 @@
 - When a request is finished (EOS, stop string, max_tokens) and where its output is cut.
 - How much decoded text may be streamed before the request is finished.
 
-Every function works on whole batches of rows (tensors) or on one request's token list; the
-scheduler and runner hold the state, these only decide.
+Every function works on whole batches of rows (tensors) or on one request's tokens; the engine
+core holds the state and applies what these decide.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from engine.detokenizer import StopHit
 
 # Confidence given to positions that are not masked, below any probability, so they sort last.
 NOT_MASKED = -1.0
@@ -78,35 +80,35 @@ class Finish:
     text_end: int | None = None  # the text is cut here (start of the stop string), else whole
 
 
+# Finds the earliest stop string in the text of the tokens before `new_known` plus the given
+# ones (an IncrementalDetokenizer's `find_stop`, with the request's stop strings bound).
+StopFinder = Callable[[Sequence[int]], StopHit | None]
+
+
 def detect_finish(
-    known: Sequence[int],
+    generated: int,
+    new_known: Sequence[int],
     *,
     max_tokens: int,
     eos_token_ids: frozenset[int],
-    stop: Sequence[str],
-    decode: Callable[[list[int]], str],
+    find_stop: StopFinder | None,
 ) -> Finish | None:
     """Decide whether a request is finished, given its generated tokens known so far.
 
-    `known` is the longest unmasked prefix of the generated sequence (every position of it is
-    final). The request finishes when that prefix holds an EOS or a stop string, or covers all
-    `max_tokens` positions; the earliest of these wins.
+    The known tokens are the longest unmasked prefix of the generated sequence (every position
+    of it is final): `generated` tokens already emitted (none of them EOS, fewer than
+    `max_tokens`), then `new_known`. The request finishes when that prefix holds an EOS or a
+    stop string, or covers all `max_tokens` positions; the earliest of these wins. Stop strings
+    are looked for in the text before the first EOS and `max_tokens`.
     """
-    limit = min(len(known), max_tokens)
-    eos_at = next((i for i in range(limit) if known[i] in eos_token_ids), None)
+    limit = min(len(new_known), max_tokens - generated)
+    eos_at = next((i for i in range(limit) if new_known[i] in eos_token_ids), None)
     end = limit if eos_at is None else eos_at
-    if stop:
-        text = decode(list(known[:end]))
-        hits = [(pos, s) for s in stop if (pos := text.find(s)) >= 0]
-        if hits:
-            pos, hit = min(hits)
-            needed = pos + len(hit)
-            # Keep tokens up to the one that completes the stop string.
-            num = next(n for n in range(1, end + 1) if len(decode(list(known[:n]))) >= needed)
-            return Finish(num_tokens=num, reason="stop", text_end=pos)
+    if find_stop is not None and (hit := find_stop(new_known[:end])) is not None:
+        return Finish(num_tokens=hit.num_tokens, reason="stop", text_end=hit.text_end)
     if eos_at is not None:
-        return Finish(num_tokens=eos_at, reason="stop")
-    if len(known) >= max_tokens:
+        return Finish(num_tokens=generated + eos_at, reason="stop")
+    if generated + len(new_known) >= max_tokens:
         return Finish(num_tokens=max_tokens, reason="length")
     return None
 

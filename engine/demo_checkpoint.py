@@ -212,7 +212,9 @@ def _weights(shape: DemoShape, vocab_size: int, seed: int) -> dict[str, Any]:
     return out
 
 
-def _tokenizer_config(ids: dict[str, int], max_positions: int) -> dict[str, Any]:
+def _tokenizer_config(
+    ids: dict[str, int], max_positions: int, chat_template: str | None
+) -> dict[str, Any]:
     added = {
         str(ids[t]): {
             "content": t,
@@ -224,11 +226,11 @@ def _tokenizer_config(ids: dict[str, int], max_positions: int) -> dict[str, Any]
         }
         for t in SPECIAL_TOKENS + THINK_TOKENS
     }
-    return {
+    config: dict[str, Any] = {
         "added_tokens_decoder": added,
         "additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|mask|>"],
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "mask_token": "<|mask|>",
@@ -236,11 +238,35 @@ def _tokenizer_config(ids: dict[str, int], max_positions: int) -> dict[str, Any]
         "pad_token": "<|endoftext|>",
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
+    if chat_template is None:
+        del config["chat_template"]
+    return config
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     # Fixed key order and formatting: part of the byte-identical promise.
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_tokenizer(
+    directory: str | Path,
+    *,
+    vocab_size: int,
+    max_positions: int = 2048,
+    chat_template: str | None = CHAT_TEMPLATE,
+) -> Any:
+    """Write the demo tokenizer (`tokenizer.json` + `tokenizer_config.json`) into `directory`.
+
+    `vocab_size` counts the BPE vocabulary (special tokens included); the two thinking markers
+    come on top. The special tokens are ids 0..3 in SPECIAL_TOKENS order. `chat_template=None`
+    writes a tokenizer without one. Returns the `tokenizers.Tokenizer` it trained.
+    """
+    out = Path(directory)
+    tokenizer = train_tokenizer(vocab_size)
+    ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + THINK_TOKENS}
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(ids, max_positions, chat_template))
+    return tokenizer
 
 
 def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = "tiny") -> Path:
@@ -261,12 +287,9 @@ def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = 
     out.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file  # torch: only once the arguments are known good
 
-    tokenizer = train_tokenizer(shape.bpe_vocab)
+    tokenizer = write_tokenizer(out, vocab_size=shape.bpe_vocab, max_positions=shape.max_positions)
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + THINK_TOKENS}
     vocab_size = _padded(tokenizer.get_vocab_size(with_added_tokens=True))
-
-    tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(ids, shape.max_positions))
     _write_json(out / "config.json", _config(shape, vocab_size, ids))
     _write_json(
         out / "generation_config.json",

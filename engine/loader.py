@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, read_checkpoint_json
 from engine.errors import CheckpointError
 from engine.memory import canonical_dtype
 from engine.model import Model
@@ -32,16 +32,6 @@ _SAFETENSORS_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 # Names some exporters add that carry no weights of ours.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 _MAX_LISTED = 12
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: must hold a JSON object")
-    return data
 
 
 def _checkpoint_dir(path: str | Path) -> Path:
@@ -58,8 +48,8 @@ def load_checkpoint_config(path: str | Path) -> ModelConfig:
     root = _checkpoint_dir(path)
     gen_file = root / "generation_config.json"
     return ModelConfig.from_hf(
-        _read_json(root / "config.json"),
-        _read_json(gen_file) if gen_file.is_file() else None,
+        read_checkpoint_json(root / "config.json"),
+        read_checkpoint_json(gen_file) if gen_file.is_file() else None,
         tokenizer_mask_token_id=find_mask_token_id(root),
         source=str(root / "config.json"),
     )
@@ -128,7 +118,7 @@ def _checkpoint_headers(root: Path) -> dict[str, _Header]:
     index_file = root / "model.safetensors.index.json"
     single = root / "model.safetensors"
     if index_file.is_file():
-        weight_map = _read_json(index_file).get("weight_map")
+        weight_map = read_checkpoint_json(index_file).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_file}: field 'weight_map' is missing or empty")
         headers: dict[str, _Header] = {}

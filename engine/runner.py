@@ -1,4 +1,7 @@
-"""One batched forward and what follows it: prefill writes, denoising with unmasking, commits.
+"""One batched forward and what it decides: prefill writes, denoising with unmasking, commits.
+
+The runner only reads requests; it returns plain per-request results (`RequestResult`) that
+`EngineCore.update_from_output` applies.
 
 Commit rule. The keys/values of a block's last denoising step are NOT final: with block-causal
 attention every position of the block attends to the whole block, and at that step some
@@ -31,18 +34,25 @@ from engine.sampling import choose_tokens
 from engine.scheduler import PrefillChunk, Request
 
 
-@dataclass
-class DecodeOutcome:
-    """What one decoding forward did: requests whose previous block it committed, requests it
-    denoised, and how many tokens it unmasked."""
+@dataclass(frozen=True)
+class RequestResult:
+    """What one forward did for one request: plain data, applied by the engine core.
 
-    committed: list[Request]
-    denoised: list[Request]
-    tokens_unmasked: int
+    A prefill forward writes `prefilled` prompt positions to the cache. A denoising forward
+    commits the previous block first when the request had one pending (`committed_block`), then
+    makes `tokens[i]` final at offset `unmasked[i]` of the current block (offsets ascending).
+    """
+
+    request_id: str
+    prefilled: int = 0
+    committed_block: bool = False
+    denoised: bool = False
+    unmasked: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
 
 
 class ModelRunner:
-    """Runs the model over groups of requests that share a block size."""
+    """Runs the model over groups of requests that share a block size; changes no request."""
 
     def __init__(
         self, model: Model, cache: KVCache, *, mask_token_id: int, vocab_limit: int
@@ -57,7 +67,7 @@ class ModelRunner:
         return torch.tensor(values, dtype=torch.long, device=self.device)
 
     @torch.inference_mode()
-    def prefill(self, chunks: Sequence[PrefillChunk]) -> None:
+    def prefill(self, chunks: Sequence[PrefillChunk]) -> list[RequestResult]:
         """Write prompt chunks of equal length (whole blocks) into their slots."""
         length, block = chunks[0].length, chunks[0].request.block_size
         ids = [c.request.prompt_ids[c.start : c.start + length] for c in chunks]
@@ -75,12 +85,10 @@ class ModelRunner:
             # LM head negligible while every layer still sees a non-empty row set.
             logits_rows=self._long([(i + 1) * length - 1 for i in range(len(chunks))]),
         )
-        for chunk in chunks:
-            chunk.request.committed += length
-            chunk.request.forwards += 1
+        return [RequestResult(c.request.request_id, prefilled=length) for c in chunks]
 
     @torch.inference_mode()
-    def decode(self, requests: Sequence[Request]) -> DecodeOutcome:
+    def decode(self, requests: Sequence[Request]) -> list[RequestResult]:
         """One denoising step for requests with the same block size and commit state.
 
         Either none or all of `requests` carry a finished previous block to commit (rows B or
@@ -89,14 +97,14 @@ class ModelRunner:
         """
         block = requests[0].block_size
         fused = requests[0].pending_commit is not None
-        current = torch.stack([r.block_tokens for r in requests])
-        masked = torch.stack([r.block_masked for r in requests])
+        rows = [r.block_tokens for r in requests]
+        masked_rows = [r.block_masked for r in requests]
         if fused:
-            final = torch.stack([r.pending_commit for r in requests])
-            current = torch.cat([final, current], dim=1)
-            masked = torch.cat([torch.zeros_like(masked), masked], dim=1)
-        width = current.shape[1]
-        tokens = current.to(self.device)
+            rows = [(r.pending_commit or []) + row for r, row in zip(requests, rows, strict=True)]
+            masked_rows = [[False] * block + row for row in masked_rows]
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.device)
+        masked = torch.tensor(masked_rows, dtype=torch.bool)
+        width = tokens.shape[1]
         starts = self._long([r.committed for r in requests])
         logits = self.model(
             tokens,
@@ -108,12 +116,6 @@ class ModelRunner:
             write_cache=fused,
             logits_rows=masked.flatten().nonzero().squeeze(1).to(self.device),
         )
-        committed = list(requests) if fused else []
-        for request in requests:
-            request.forwards += 1
-            if fused:
-                request.committed += block
-                request.pending_commit = None
 
         # Rows of `logits` follow the flattened (request, position) order of masked positions.
         chosen, confidence = choose_tokens(
@@ -132,13 +134,25 @@ class ModelRunner:
         block_conf, block_masked = full_conf[:, -block:], masked_dev[:, -block:]
         counts = self._unmask_counts(requests, block_conf, block_masked)
         accept = most_confident(block_conf, counts) & block_masked
-        new_tokens = torch.where(accept, full_tokens[:, -block:], tokens[:, -block:]).cpu()
-        accept_cpu = accept.cpu()
-        for i, request in enumerate(requests):
-            request.block_tokens = new_tokens[i]
-            request.block_masked = request.block_masked & ~accept_cpu[i]
-            request.step_in_block += 1
-        return DecodeOutcome(committed, list(requests), int(accept_cpu.sum()))
+        row_of, offset_of = accept.nonzero(as_tuple=True)  # row-major: offsets ascend per row
+        chosen_tokens = full_tokens[:, -block:][row_of, offset_of].tolist()
+        unmasked: list[list[int]] = [[] for _ in requests]
+        final: list[list[int]] = [[] for _ in requests]
+        for row, offset, token in zip(
+            row_of.tolist(), offset_of.tolist(), chosen_tokens, strict=True
+        ):
+            unmasked[row].append(offset)
+            final[row].append(token)
+        return [
+            RequestResult(
+                r.request_id,
+                committed_block=fused,
+                denoised=True,
+                unmasked=tuple(unmasked[i]),
+                tokens=tuple(final[i]),
+            )
+            for i, r in enumerate(requests)
+        ]
 
     def _unmask_counts(
         self, requests: Sequence[Request], confidence: torch.Tensor, masked: torch.Tensor

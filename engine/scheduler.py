@@ -1,4 +1,4 @@
-"""What runs next: admission into cache slots, chunked prefill, block lifecycle, cancellation.
+"""What runs next: admission into cache slots, chunked prefill, the plan of each iteration.
 
 KV cache memory is preallocated per slot (`KVCache(num_slots=max_batch_size, max_seq_len)`):
 a running request owns one slot for its whole life, so there is no fragmentation, no page
@@ -11,17 +11,20 @@ enough for now.)
 A request's life: WAITING -> PREFILL (full prompt blocks written to the cache, in chunks) ->
 DECODE (current block: denoising steps; a finished block is committed by the first step of the
 next one, see engine/runner.py) -> finished (slot freed at once).
+
+The scheduler owns the queues and the slots, and plans each iteration (`schedule`); it never
+changes a request's decoding state. The runner executes the plan and returns plain results,
+and `EngineCore.update_from_output` alone applies them to the requests.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-import torch
-
+from engine.detokenizer import IncrementalDetokenizer
 from engine.params import SamplingParams
 from engine.sampling import RowSampler
 
@@ -36,30 +39,43 @@ class Phase(enum.Enum):
 
 @dataclass
 class Request:
-    """One request's decoding state; owned by the scheduler, advanced by the runner."""
+    """One request's state, created by `EngineCore.add_request`. Its queue and slot are the
+    scheduler's; every other field changes only in `EngineCore.update_from_output` (the runner
+    only reads it)."""
 
     request_id: str
     prompt_ids: list[int]
     params: SamplingParams
     block_size: int
     sampler: RowSampler
+    detokenizer: IncrementalDetokenizer  # the emitted tokens and their text
     arrival: float = field(default_factory=time.perf_counter)
-    phase: Phase = Phase.WAITING
-    slot: int = -1
+    slot: int = -1  # the cache slot while running, else -1
     committed: int = 0  # positions [0, committed) of the slot hold final K/V
     # Final tokens of the previous block, fully unmasked but not yet in the cache (or None).
     # The current block starts right after them, at `block_start`.
-    pending_commit: torch.Tensor | None = None
-    # The current block (positions block_start .. block_start + block_size), kept on the CPU.
-    block_tokens: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-    block_masked: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
+    pending_commit: list[int] | None = None
+    # The current block (positions block_start .. block_start + block_size).
+    block_tokens: list[int] = field(default_factory=list)
+    block_masked: list[bool] = field(default_factory=list)
     masked_at_block_start: int = 0
     step_in_block: int = 0
-    generated: list[int] = field(default_factory=list)  # tokens of committed/emitted blocks
-    emitted_text: str = ""
+    emitted_chars: int = 0  # characters of the detokenizer's text already sent
     forwards: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     first_block_at: float | None = None
+
+    @property
+    def phase(self) -> Phase:
+        """Waiting for a slot, prefilling its prompt, or decoding (it follows from the state)."""
+        if self.slot < 0:
+            return Phase.WAITING
+        return Phase.PREFILL if self.committed < self.prefill_target else Phase.DECODE
+
+    @property
+    def generated(self) -> list[int]:
+        """Tokens of the emitted blocks (do not modify)."""
+        return self.detokenizer.token_ids
 
     @property
     def prompt_len(self) -> int:
@@ -76,31 +92,22 @@ class Request:
         """Absolute position of the current block's first token."""
         return self.committed + (0 if self.pending_commit is None else self.block_size)
 
-    def start_block(self, mask_token_id: int) -> None:
-        """Open the block at `block_start`: prompt tail kept, every other position masked."""
-        width, start = self.block_size, self.block_start
-        tokens = torch.full((width,), mask_token_id, dtype=torch.long)
+    def open_block(self, start: int, mask_token_id: int) -> None:
+        """Make the block at `start` current: prompt tail kept, every other position masked."""
+        width = self.block_size
         prompt_part = max(0, min(width, self.prompt_len - start))
-        if prompt_part:
-            tail = self.prompt_ids[start : start + prompt_part]
-            tokens[:prompt_part] = torch.tensor(tail, dtype=torch.long)
-        masked = torch.ones(width, dtype=torch.bool)
-        masked[:prompt_part] = False
-        self.block_tokens, self.block_masked = tokens, masked
+        self.block_tokens = self.prompt_ids[start : start + prompt_part]
+        self.block_tokens += [mask_token_id] * (width - prompt_part)
+        self.block_masked = [False] * prompt_part + [True] * (width - prompt_part)
         self.masked_at_block_start = width - prompt_part
         self.step_in_block = 0
-
-    def finish_block(self, mask_token_id: int) -> None:
-        """The current block is fully unmasked: queue it for commit and open the next one."""
-        self.pending_commit = self.block_tokens
-        self.start_block(mask_token_id)
 
     def block_generated(self) -> list[int]:
         """The generated part of the current block up to its first masked position."""
         start = max(0, self.prompt_len - self.block_start)
-        masked = self.block_masked[start:].nonzero()
-        end = start + (int(masked[0, 0]) if masked.numel() else self.block_size - start)
-        return self.block_tokens[start:end].tolist()
+        masked = self.block_masked
+        end = next((i for i in range(start, self.block_size) if masked[i]), self.block_size)
+        return self.block_tokens[start:end]
 
 
 @dataclass
@@ -110,6 +117,25 @@ class PrefillChunk:
     request: Request
     start: int
     length: int
+
+
+@dataclass
+class SchedulerOutput:
+    """The plan of one iteration: the forwards to run, in order.
+
+    Prefill forwards come first; a request whose last prompt chunk is among them also takes
+    its first denoising step in this iteration's decode forwards.
+    """
+
+    prefills: list[list[PrefillChunk]]  # one forward each: chunks of one length and block size
+    decodes: list[list[Request]]  # one forward each: one block size and commit state (B or 2B)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests that take part in a forward."""
+        ids = {c.request.request_id for chunks in self.prefills for c in chunks}
+        ids.update(r.request_id for group in self.decodes for r in group)
+        return len(ids)
 
 
 class Scheduler:
@@ -130,18 +156,12 @@ class Scheduler:
         """Queue a validated request."""
         self.waiting.append(request)
 
-    def admit(self, mask_token_id: int) -> list[Request]:
+    def admit(self) -> list[Request]:
         """Move waiting requests into free slots, oldest first; returns the admitted ones."""
         admitted = []
         while self.waiting and self.free_slots:
             request = self.waiting.popleft()
             request.slot = self.free_slots.pop()
-            request.committed = 0
-            if request.prefill_target > 0:
-                request.phase = Phase.PREFILL
-            else:
-                request.phase = Phase.DECODE
-                request.start_block(mask_token_id)
             self.running[request.request_id] = request
             admitted.append(request)
         return admitted
@@ -158,6 +178,23 @@ class Scheduler:
                 self.waiting.remove(queued)
                 return queued
         return None
+
+    def schedule(self) -> SchedulerOutput:
+        """Admit what fits, then plan this iteration's forwards."""
+        self.admit()
+        chunks = self.prefill_chunks()
+        prefills: dict[tuple[int, int], list[PrefillChunk]] = defaultdict(list)
+        for chunk in chunks:
+            prefills[(chunk.length, chunk.request.block_size)].append(chunk)
+        prefilled = {
+            c.request.request_id for c in chunks if c.start + c.length >= c.request.prefill_target
+        }
+        # Rows of one forward share a width: B, or 2B when they also commit their last block.
+        decodes: dict[tuple[int, bool], list[Request]] = defaultdict(list)
+        for request in self.running.values():
+            if request.phase is Phase.DECODE or request.request_id in prefilled:
+                decodes[(request.block_size, request.pending_commit is not None)].append(request)
+        return SchedulerOutput(list(prefills.values()), list(decodes.values()))
 
     def prefill_chunks(self) -> list[PrefillChunk]:
         """This iteration's prompt chunks, whole blocks only, within the token budget.
@@ -179,10 +216,6 @@ class Scheduler:
             chunks.append(PrefillChunk(request, request.committed, length))
             budget -= length
         return chunks
-
-    def decoding(self) -> list[Request]:
-        """Requests with a block to denoise or commit this iteration."""
-        return [r for r in self.running.values() if r.phase is Phase.DECODE]
 
     @property
     def num_running(self) -> int:

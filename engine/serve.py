@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -23,60 +22,11 @@ from types import FrameType
 from typing import Any
 
 from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
+from protocol.logs import configure_logging
 
 log = logging.getLogger("engine.serve")
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-# ---- logging -----------------------------------------------------------------------------
-# The engine imports nothing of the control plane, so it carries this small formatter itself.
-
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
-_SECRET_FIELDS = {"api_key", "authorization", "token", "password"}
-
-
-class _LineFormatter(logging.Formatter):
-    """One JSON object, or one `key=value` line, per record; extra fields included."""
-
-    def __init__(self, as_json: bool) -> None:
-        super().__init__()
-        self.as_json = as_json
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                fields[key] = "***" if key in _SECRET_FIELDS else value
-        if record.exc_info:
-            fields["exc"] = self.formatException(record.exc_info)
-        if self.as_json:
-            return json.dumps(fields, default=str)
-        parts = []
-        for key, value in fields.items():
-            text = value if isinstance(value, str) else json.dumps(value, default=str)
-            if not text or any(c in text for c in ' ="'):
-                text = json.dumps(text)
-            parts.append(f"{key}={text}")
-        return " ".join(parts)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    """Route every logger (uvicorn's too) to stderr in the configured format."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LineFormatter(as_json=fmt == "json"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
 
 
 # ---- arguments ---------------------------------------------------------------------------
@@ -288,6 +238,12 @@ def run(config: ServeConfig) -> int:
     return exit_code
 
 
+def log_start(config: ServeConfig) -> None:
+    """The first log line: this process and its whole configuration. The API key in it is
+    redacted by the project's formatters (`protocol.logs`), like every secret of every line."""
+    log.info("starting", extra={"pid": os.getpid(), "config": config.model_dump(mode="json")})
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "python -m engine.serve") -> int:
     """Entry point of `python -m engine.serve` and `dctl engine serve`."""
     try:
@@ -295,16 +251,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m engine.serve"
     except ServeConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    setup_logging(config.logging.level, config.logging.format)
-    log.info(
-        "starting",
-        extra={
-            "pid": os.getpid(),
-            "model": config.model.name,
-            "path": config.model.path,
-            "auth": config.service.api_key is not None,
-        },
-    )
+    configure_logging(config.logging.level, config.logging.format)
+    log_start(config)
     return run(config)
 
 

@@ -7,20 +7,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from engine.config import read_checkpoint_json
 from engine.errors import CheckpointError
 
 # Spellings of the diffusion mask token in the families we serve (SDAR, LLaDA, our test fixtures).
 MASK_TOKEN_NAMES = ("<|mask|>", "<|MASK|>", "<|mdm_mask|>", "<mask>", "[MASK]")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: must hold a JSON object")
-    return data
 
 
 def _token_content(value: Any) -> str | None:
@@ -37,12 +28,12 @@ def _added_tokens(path: Path) -> dict[str, int]:
     found: dict[str, int] = {}
     tok_json = path / "tokenizer.json"
     if tok_json.is_file():
-        for entry in _read_json(tok_json).get("added_tokens") or []:
+        for entry in read_checkpoint_json(tok_json).get("added_tokens") or []:
             if isinstance(entry, dict) and isinstance(entry.get("id"), int):
                 found[str(entry.get("content"))] = entry["id"]
     cfg = path / "tokenizer_config.json"
     if cfg.is_file():
-        for key, entry in (_read_json(cfg).get("added_tokens_decoder") or {}).items():
+        for key, entry in (read_checkpoint_json(cfg).get("added_tokens_decoder") or {}).items():
             content = _token_content(entry)
             if content is not None and str(key).isdigit():
                 found.setdefault(content, int(key))
@@ -55,7 +46,7 @@ def find_mask_token_id(path: str | Path) -> int | None:
     added = _added_tokens(path)
     cfg_file = path / "tokenizer_config.json"
     if cfg_file.is_file():
-        named = _token_content(_read_json(cfg_file).get("mask_token"))
+        named = _token_content(read_checkpoint_json(cfg_file).get("mask_token"))
         if named is not None and named in added:
             return added[named]
     for name in MASK_TOKEN_NAMES:
@@ -185,7 +176,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         # `tokenizers` raises a bare Exception for malformed files.
         raise CheckpointError(f"{tok_file}: unreadable tokenizer ({exc})") from exc
     tok_cfg_file = path / "tokenizer_config.json"
-    tok_cfg = _read_json(tok_cfg_file) if tok_cfg_file.is_file() else {}
+    tok_cfg = read_checkpoint_json(tok_cfg_file) if tok_cfg_file.is_file() else {}
     special = {
         key: content
         for key in ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -199,7 +190,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     for name in ("config.json", "generation_config.json"):
         file = path / name
         if file.is_file():
-            value = _read_json(file).get("eos_token_id")
+            value = read_checkpoint_json(file).get("eos_token_id")
             ids = value if isinstance(value, list) else [value]
             eos += [
                 i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i not in eos

@@ -117,7 +117,6 @@ class ServeConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
 
 
-
 class DeploymentEngineConfig(_Section):
     """The part of an engine config a deployment sets; the agent fills in the rest per instance.
 
@@ -194,9 +193,7 @@ FLAGS: dict[str, str] = {
 _NULLS = {"null", "none", "~"}
 
 
-def _describe(
-    error: dict[str, Any], source: str, schema: type[BaseModel] | None = None
-) -> str:
+def _describe(error: dict[str, Any], source: str, schema: type[BaseModel] | None = None) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         section = _section_model(error["loc"][:-1], schema or ServeConfig)

@@ -1,4 +1,10 @@
-"""Structured logging (JSON or key=value) with secrets redacted before anything is written."""
+"""Structured logging (JSON or key=value) with secrets redacted before anything is written.
+
+The one log format of every dctl process — control plane, agent, gateway and engine — so that
+one redaction covers them all. Redaction runs on the finished line, after the message, the extra
+fields and the traceback have been put together, so a secret cannot slip through a field that
+nobody thought to check (an exception text, a URL, a nested dict).
+"""
 
 from __future__ import annotations
 
@@ -7,22 +13,44 @@ import logging
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-# Token secrets look like dctl_<id>_<random>; bearer headers and api keys may appear in messages.
+REDACTED = "***"
+# API tokens are `dctl_<id>_<random>`, instance API keys `dctl_ik_<random>`; bearer headers and
+# `key=...` pairs may carry either, or a secret of another kind.
 _SECRET_PATTERNS = [
     re.compile(r"dctl_[A-Za-z0-9]+_[A-Za-z0-9_\-]+"),
-    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._\-]+"),
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=\-]+"),
 ]
-_SECRET_KEYS = {"token", "secret", "password", "api_key", "authorization", "bootstrap_token"}
-_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Extra fields whose value is a secret whatever it looks like: these names, and names ending in
+# `_<name>` (`bootstrap_token`, `instance_api_key`), but not `token_id` or `token_name`.
+_SECRET_KEYS = ("token", "secret", "password", "api_key", "apikey", "authorization")
+# Attributes every LogRecord has, and uvicorn's ANSI-coloured copy of the message.
+_RESERVED = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+FORMATS = ("json", "kv")
 
 
 def redact(text: str) -> str:
     """Replace anything that looks like a secret with `***`."""
     for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + "***", text)
+        text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
     return text
+
+
+def _names_a_secret(key: str) -> bool:
+    key = key.lower()
+    return any(key == name or key.endswith("_" + name) for name in _SECRET_KEYS)
+
+
+def _scrub(key: str, value: Any) -> Any:
+    # Nested too: an engine config logged whole carries `service.api_key`.
+    if _names_a_secret(key):
+        return REDACTED
+    if isinstance(value, dict):
+        return {k: _scrub(str(k), v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_scrub("", v) for v in value]
+    return value
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:
@@ -31,14 +59,18 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
         + f".{int(record.msecs):03d}Z",
         "level": record.levelname.lower(),
         "logger": record.name,
-        "msg": redact(record.getMessage()),
+        "msg": record.getMessage(),
     }
     for key, value in vars(record).items():
         if key in _RESERVED or key.startswith("_"):
             continue
-        fields[key] = "***" if key.lower() in _SECRET_KEYS else value
+        fields[key] = _scrub(key, value)
     if record.exc_info:
-        fields["exc"] = redact(logging.Formatter().formatException(record.exc_info))
+        fields["exc"] = logging.Formatter().formatException(record.exc_info)
+    elif record.exc_text:
+        fields["exc"] = record.exc_text
+    if record.stack_info:
+        fields["stack"] = record.stack_info
     return fields
 
 
@@ -46,26 +78,41 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return json.dumps(_fields(record), default=str)
+        return redact(json.dumps(_fields(record), default=str))
 
 
 class KeyValueFormatter(logging.Formatter):
-    """logfmt-style `key=value` pairs, values quoted when they contain spaces."""
+    """logfmt-style `key=value` pairs; values that are not strings as JSON (`true`, `{"a": 1}`),
+    quoted when they contain spaces, quotes or newlines, so every record stays one line."""
 
     def format(self, record: logging.LogRecord) -> str:
         parts = []
         for key, value in _fields(record).items():
-            text = redact(str(value))
-            if not text or any(c in text for c in ' ="'):
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            if not text or any(c in text for c in ' ="\n'):
                 text = json.dumps(text)
             parts.append(f"{key}={text}")
-        return " ".join(parts)
+        return redact(" ".join(parts))
 
 
-def configure_logging(level: str = "info", fmt: str = "kv", stream: Any = None) -> None:
-    """Route every logger to one handler on stderr in the chosen format."""
+def formatter(fmt: str) -> logging.Formatter:
+    """The formatter for FMT (`json` or `kv`); anything else is a ValueError naming both."""
+    if fmt == "json":
+        return JsonFormatter()
+    if fmt == "kv":
+        return KeyValueFormatter()
+    raise ValueError(f"log format {fmt!r}: choose one of {', '.join(FORMATS)}")
+
+
+def configure_logging(level: str = "info", fmt: str = "kv", stream: TextIO | None = None) -> None:
+    """Route every logger (uvicorn's too) to one handler on STREAM (stderr) in format FMT."""
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # uvicorn may have given its loggers handlers of its own (its default log config): those
+    # would print a second, unredacted copy of every line.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True

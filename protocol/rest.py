@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from protocol.vocabulary import CreatableRole
 from protocol.wire import (
     NAME_PATTERN,
     VERSION_PATTERN,
@@ -23,6 +24,7 @@ from protocol.wire import (
 )
 
 MAX_INSTANCES_PER_HOST = 16
+MAX_GPUS_PER_INSTANCE = 64
 MAX_ENGINE_CONFIG_BYTES = 64 * 1024
 
 
@@ -59,6 +61,7 @@ class InstanceOut(ApiModel):
     host: str
     version: str
     port: int
+    gpu_indices: list[int] = Field(default_factory=list, description="empty: all GPUs of the host")
     desired_state: str
     observed_state: str
     pid: int | None
@@ -76,6 +79,9 @@ class HostOut(ApiModel):
     state: str
     draining: bool
     labels: dict[str, str]
+    advertise_address: str | None = Field(
+        default=None, description="where other machines reach the host's engines"
+    )
     registered_at: datetime
     last_seen_at: datetime | None
     heartbeat_interval_s: float
@@ -170,6 +176,12 @@ class DeploymentCreate(ApiModel):
     version: VersionTag
     placement: Placement
     instances_per_host: int = Field(default=1, ge=0, le=MAX_INSTANCES_PER_HOST)
+    gpus_per_instance: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_GPUS_PER_INSTANCE,
+        description="GPUs each instance gets, its own on its host; omitted or 0: all GPUs",
+    )
     engine_config: dict[str, Any] = Field(default_factory=dict)
 
     _engine_config = field_validator("engine_config")(_check_engine_config)
@@ -179,6 +191,9 @@ class DeploymentUpdate(ApiModel):
     """`PATCH /api/v1/deployments/{name}`: change any of these; omitted fields stay."""
 
     instances_per_host: int | None = Field(default=None, ge=0, le=MAX_INSTANCES_PER_HOST)
+    gpus_per_instance: int | None = Field(
+        default=None, ge=0, le=MAX_GPUS_PER_INSTANCE, description="0: all GPUs of the host"
+    )
     engine_config: dict[str, Any] | None = None
     version: VersionTag | None = Field(default=None, description="switch the stable version")
     placement: Placement | None = None
@@ -197,6 +212,7 @@ class DeploymentOut(ApiModel):
     version: str
     placement: Placement
     instances_per_host: int
+    gpus_per_instance: int | None = Field(default=None, description="None: all GPUs of the host")
     engine_config: dict[str, Any]
     created_at: datetime
     updated_at: datetime
@@ -232,7 +248,7 @@ class TokenCreate(ApiModel):
     """`POST /api/v1/tokens` (admin). Agent tokens come only from agent registration."""
 
     name: Name
-    role: Literal["viewer", "operator", "admin", "bootstrap"]
+    role: CreatableRole
     expires_in_s: int | None = Field(default=None, ge=1, le=10 * 365 * 86400)
     uses: int | None = Field(default=None, ge=1, le=1_000_000)
 

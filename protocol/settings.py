@@ -7,8 +7,9 @@ table per part (`[controlplane]`, `[agent]`, `[gateway]`, ...).
 from __future__ import annotations
 
 import tomllib
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 import yaml
 from pydantic import ValidationError
@@ -25,12 +26,16 @@ class SettingsError(ValueError):
     """A setting has a value that is not allowed; the message names it and what is allowed."""
 
 
+# The file a `--config FILE` flag names, for the duration of one `FileBackedSettings.load`.
+_named_file: ContextVar[Path | None] = ContextVar("dctl_named_config_file", default=None)
+
+
 class ConfigFileSource(PydanticBaseSettingsSource):
     """Reads one section (`[controlplane]`, `[tui]`, ...) of the TOML or YAML settings file."""
 
     def __init__(self, settings_cls: type[BaseSettings], section: str) -> None:
         super().__init__(settings_cls)
-        self._values = self._load(paths.config_file(), section)
+        self._values = self._load(_named_file.get() or paths.config_file(), section)
 
     @staticmethod
     def _load(path: Path, section: str) -> dict[str, Any]:
@@ -69,6 +74,20 @@ class FileBackedSettings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Flags (init) beat env vars, which beat the file, which beats defaults.
         return (init_settings, env_settings, ConfigFileSource(settings_cls, cls.config_section))
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **flags: Any) -> Self:
+        """Settings from FLAGS, env, and CONFIG_FILE (a `--config` flag) or the default file.
+
+        Unlike the default file, a named one must exist. Validation errors propagate.
+        """
+        if config_file is not None and not config_file.is_file():
+            raise SettingsError(f"config file {config_file} does not exist")
+        token = _named_file.set(config_file)
+        try:
+            return cls(**flags)
+        finally:
+            _named_file.reset(token)
 
 
 def describe_validation_error(exc: ValidationError, prefix: str = "DCTL_") -> str:

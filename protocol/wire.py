@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.vocabulary import VersionLine
+
 WIRE_VERSION = 1
 REGISTER_PATH = "/api/v1/agents/register"
 HEARTBEAT_PATH = "/api/v1/agents/heartbeat"
@@ -37,9 +39,7 @@ VersionTag = Annotated[str, Field(pattern=VERSION_PATTERN, description="letters,
 Sha256 = Annotated[str, Field(pattern=SHA256_PATTERN, description="64 lowercase hex digits")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 # An IPv4/IPv6 address or a DNS name other machines use to reach this host.
-Address = Annotated[
-    str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:%-]+$")
-]
+Address = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9._:%-]+$")]
 # Bounds that every database column can hold (32-bit ids and counters, 63-bit byte counts).
 INT32_MAX = 2**31 - 1
 BYTES_MAX = 2**62
@@ -77,7 +77,6 @@ class HostState(StrEnum):
 
 GpuBackendName = Literal["nvml", "fake"]
 CheckStatus = Literal["pass", "warn", "fail"]
-VersionLine = Literal["base", "diffusion", "finetune"]
 
 
 class WireModel(BaseModel):
@@ -334,8 +333,9 @@ class ModelVersionRef(WireModel):
     source_uri: str = Field(description="where the weights live: a local path or file:// URI")
     files_url: str | None = Field(
         default=None,
-        description="control-plane URL prefix serving the files (append the manifest path); "
-        "authenticate with the agent token; supports Range",
+        description="path on the control plane serving the files (append the manifest path), "
+        "joined to the agent's configured control-plane URL; authenticate with the agent token; "
+        "supports Range",
     )
     memory_plan: MemoryPlan | None = None
 

@@ -63,6 +63,9 @@ def test_help_imports_no_heavy_package() -> None:
     heavy = {"torch", "textual", "fabric", "paramiko", "sqlalchemy", "sqlmodel", "transformers",
              "fastapi", "uvicorn", "engine", "agent", "tui"}  # fmt: skip
     assert loaded & heavy == set()
+    # Not even the client: pydantic and httpx alone would double the time `--help` takes, which
+    # is why the choices commands offer come from the stdlib-only `protocol.vocabulary`.
+    assert loaded & {"pydantic", "pydantic_core", "httpx", "client", "yaml", "rich"} == set()
 
 
 @pytest.mark.parametrize(

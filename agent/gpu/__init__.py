@@ -1,9 +1,11 @@
 """GPU access for the agent: one small protocol, an NVML implementation and a scripted fake."""
 
-from agent.gpu.fake import EngineLoad, FakeBackend, parse_spec
+from agent.gpu.fake import FakeBackend, parse_spec
 from agent.gpu.nvml import NvmlBackend
 from agent.gpu.select import BackendSelection, nvidia_pci_devices, select_backend
 from agent.gpu.types import (
+    EngineLoad,
+    EngineLoadSource,
     GpuBackend,
     GpuDevice,
     GpuError,
@@ -16,6 +18,7 @@ from agent.gpu.types import (
 __all__ = [
     "BackendSelection",
     "EngineLoad",
+    "EngineLoadSource",
     "FakeBackend",
     "GpuBackend",
     "GpuDevice",

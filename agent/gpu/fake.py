@@ -1,17 +1,24 @@
 """`FakeBackend`: scripted GPUs for hosts without NVIDIA hardware (laptops, CI, the demo).
 
 Devices come from a spec such as `2xH200` or `1xA100,1xL4`. Their memory and utilisation follow
-the engines the agent runs (a callback reports what each engine holds), so a demo shows the same
-movement a real host would. Faults can be injected to exercise the agent's failure paths.
+the engines the agent runs (`observe_engines` hands it what each engine holds), so a demo shows the
+same movement a real host would. Faults can be injected to exercise the agent's failure paths.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from agent.gpu.types import GpuDevice, GpuError, GpuProcess, GpuSnapshot, NvmlUnavailable
+from agent.gpu.types import (
+    EngineLoad,
+    EngineLoadSource,
+    GpuDevice,
+    GpuError,
+    GpuProcess,
+    GpuSnapshot,
+    NvmlUnavailable,
+)
 
 MIB = 1024 * 1024
 
@@ -38,16 +45,6 @@ _IDLE_POWER = 60.0
 _SPEC_PART = re.compile(r"^(\d+)x([A-Za-z0-9]+)$")
 
 
-@dataclass(frozen=True)
-class EngineLoad:
-    """What one engine process holds on its devices, as the agent sees it."""
-
-    pid: int
-    device_indices: tuple[int, ...]
-    memory_bytes: int
-    busy_ratio: float
-
-
 def parse_spec(spec: str) -> list[FakeModel]:
     """`2xH200` or `1xA100,1xL4` -> one model per device. Raises ValueError naming the bad part."""
     models: list[FakeModel] = []
@@ -69,21 +66,18 @@ class FakeBackend:
     """Scripted GPUs whose figures follow the engines the agent runs; faults can be injected."""
 
     name = "fake"
+    engine_device = "cpu"  # no real GPU behind these: engines serve on the CPU
     driver_version = "550.54.15"
     cuda_driver_version = "12.4"
 
-    def __init__(
-        self,
-        spec: str = "2xH200",
-        engine_load: Callable[[], Sequence[EngineLoad]] | None = None,
-    ) -> None:
+    def __init__(self, spec: str = "2xH200") -> None:
         self._models = parse_spec(spec)
-        self._engine_load = engine_load or (lambda: ())
+        self._engine_load: EngineLoadSource = lambda: ()  # idle until `observe_engines`
         self._lost: set[int] = set()
         self._ecc: dict[int, int] = {}
         self._nvml_loaded = True
 
-    def follow(self, engine_load: Callable[[], Sequence[EngineLoad]]) -> None:
+    def observe_engines(self, engine_load: EngineLoadSource) -> None:
         """Make memory and utilisation follow what `engine_load` reports at each sample."""
         self._engine_load = engine_load
 

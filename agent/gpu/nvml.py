@@ -13,7 +13,14 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
-from agent.gpu.types import GpuDevice, GpuError, GpuProcess, GpuSnapshot, NvmlUnavailable
+from agent.gpu.types import (
+    EngineLoadSource,
+    GpuDevice,
+    GpuError,
+    GpuProcess,
+    GpuSnapshot,
+    NvmlUnavailable,
+)
 
 T = TypeVar("T")
 
@@ -45,6 +52,7 @@ class NvmlBackend:
     """GPU backend on NVML. Raises `NvmlUnavailable` when the library cannot load."""
 
     name = "nvml"
+    engine_device = "auto"  # torch sees the GPUs NVML sees
 
     def __init__(self, nvml: ModuleType | None = None) -> None:
         self._nvml = nvml or _import_pynvml()
@@ -132,6 +140,9 @@ class NvmlBackend:
                 for p in procs
             ),
         )
+
+    def observe_engines(self, engine_load: EngineLoadSource) -> None:
+        """Nothing to do: NVML measures what the engines hold on the devices themselves."""
 
     def close(self) -> None:
         """Shut NVML down; later samples fail."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -52,6 +53,19 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class EngineLoad:
+    """What one engine process holds on its devices, as the agent sees it."""
+
+    pid: int
+    device_indices: tuple[int, ...]
+    memory_bytes: int
+    busy_ratio: float
+
+
+EngineLoadSource = Callable[[], Sequence[EngineLoad]]
+
+
+@dataclass(frozen=True)
 class GpuSnapshot:
     """Driver facts plus every device, taken in one pass."""
 
@@ -65,9 +79,20 @@ class GpuBackend(Protocol):
     """Where GPU facts come from. Implementations: `NvmlBackend`, `FakeBackend`."""
 
     name: str
+    # The `resources.device` engines on this host get unless their deployment sets one:
+    # "auto" where torch finds the GPUs, "cpu" where the GPUs are scripted.
+    engine_device: str
 
     def sample(self) -> GpuSnapshot:
         """Driver versions and every device with its current figures and processes."""
+        ...
+
+    def observe_engines(self, engine_load: EngineLoadSource) -> None:
+        """Tell the backend how to learn what the agent's engines hold at each sample.
+
+        NVML measures the devices themselves and ignores it; the fake backend has nothing else
+        to go on, so its memory and utilisation follow what `engine_load` reports.
+        """
         ...
 
     def close(self) -> None:

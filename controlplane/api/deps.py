@@ -80,16 +80,13 @@ class RoleGate:
     async def __call__(self, request: Request, ctx: ContextDep) -> Principal:
         """The caller, or 401 (no / bad token) or 403 (role not allowed here).
 
-        Async so that a cached agent token costs no thread-pool hop on the heartbeat path;
-        the database lookup runs in the thread pool.
+        Always checked against the store (in the thread pool), so a token revoked on any
+        replica is refused at once; only heartbeats use the agent token cache, and their write
+        re-checks the token itself.
         """
         try:
             secret = parse_header(request.headers.get("authorization"))
-            now = ctx.clock()
-            principal = ctx.token_cache.get(secret, now)
-            if principal is None:
-                principal = await run_in_threadpool(_authenticate, ctx, secret, now, self.roles)
-                ctx.token_cache.put(secret, principal, now)
+            principal = await run_in_threadpool(_authenticate, ctx, secret, ctx.clock(), self.roles)
         except AuthError as exc:
             raise ApiError(401, "unauthorized", str(exc)) from exc
         if not any(principal.may(role) for role in self.roles):

@@ -17,28 +17,16 @@ log = logging.getLogger("controlplane.api")
 
 
 class ApiError(Exception):
-    """An error answered with `status` and a JSON body."""
+    """An HTTP-level failure (no token, no database) answered with `status` and a JSON body.
+
+    Business rules raise `controlplane.services.errors` instead, mapped below.
+    """
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
-
-
-def not_found(what: str) -> ApiError:
-    """404 for a named thing."""
-    return ApiError(404, "not_found", f"{what} not found")
-
-
-def conflict(message: str) -> ApiError:
-    """409: the request contradicts what is stored."""
-    return ApiError(409, "conflict", message)
-
-
-def invalid(message: str) -> ApiError:
-    """422: the request is well-formed but asks for something impossible."""
-    return ApiError(422, "invalid_request", message)
 
 
 def _body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:

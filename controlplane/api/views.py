@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlmodel import Session, col, select
 
-from controlplane.models import Deployment, Host, Instance, Model, ModelVersion
+from controlplane.models import ApiToken, Deployment, Host, Instance, Model, ModelVersion
 from protocol.rest import (
     DeploymentOut,
     HostOut,
     InstanceOut,
     ModelOut,
     Placement,
+    TokenOut,
     VersionOut,
 )
 from protocol.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
 
 
 def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
-    """Instances matching `where`, with their deployment, host and version names."""
+    """Instances matching `where`, with their deployment, host and version names (one query).
+
+    Never their API keys: those go to the instance's own agent (and gateways) only.
+    """
     rows = session.exec(
         select(Instance, Deployment.name, Host.name, ModelVersion.version)
         .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
@@ -35,6 +40,7 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             host=host,
             version=version,
             port=inst.port,
+            gpu_indices=list(inst.gpu_indices),
             desired_state=inst.desired_state,
             observed_state=inst.observed_state,
             pid=inst.pid,
@@ -55,6 +61,7 @@ def host_out(host: Host, instances: list[InstanceOut] | None = None) -> HostOut:
         state=host.state,
         draining=host.draining,
         labels=host.labels,
+        advertise_address=host.advertise_address,
         registered_at=host.registered_at,
         last_seen_at=host.last_seen_at,
         heartbeat_interval_s=host.heartbeat_interval_s,
@@ -121,19 +128,50 @@ def model_out(session: Session, model: Model) -> ModelOut:
     )
 
 
-def deployment_out(session: Session, deployment: Deployment) -> DeploymentOut:
-    """A deployment with its model, stable version and instances."""
-    model = session.get(Model, deployment.model_id)
-    version = session.get(ModelVersion, deployment.stable_version_id)
-    return DeploymentOut(
-        id=deployment.id or 0,
-        name=deployment.name,
-        model=model.name if model else "",
-        version=version.version if version else "",
-        placement=Placement(hosts=deployment.placement_hosts, labels=deployment.placement_labels),
-        instances_per_host=deployment.instances_per_host,
-        engine_config=deployment.engine_config,
-        created_at=deployment.created_at,
-        updated_at=deployment.updated_at,
-        instances=instances_out(session, col(Instance.deployment_id) == deployment.id),
+def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentOut]:
+    """Deployments with their model, stable version and instances, in two queries for any count."""
+    ids = [d.id for d in deployments]
+    names = {
+        dep_id: (model, version)
+        for dep_id, model, version in session.exec(
+            select(Deployment.id, Model.name, ModelVersion.version)
+            .join(Model, col(Model.id) == col(Deployment.model_id))
+            .join(ModelVersion, col(ModelVersion.id) == col(Deployment.stable_version_id))
+            .where(col(Deployment.id).in_(ids))
+        ).all()
+    }
+    instances: dict[str, list[InstanceOut]] = {}  # by deployment name (names are unique)
+    for inst in instances_out(session, col(Instance.deployment_id).in_(ids)):
+        instances.setdefault(inst.deployment, []).append(inst)
+    return [
+        DeploymentOut(
+            id=d.id or 0,
+            name=d.name,
+            model=names.get(d.id, ("", ""))[0],
+            version=names.get(d.id, ("", ""))[1],
+            placement=Placement(hosts=d.placement_hosts, labels=d.placement_labels),
+            instances_per_host=d.instances_per_host,
+            gpus_per_instance=d.gpus_per_instance,
+            engine_config=d.engine_config,
+            created_at=d.created_at,
+            updated_at=d.updated_at,
+            instances=instances.get(d.name, []),
+        )
+        for d in deployments
+    ]
+
+
+def token_out(row: ApiToken, host: str | None) -> TokenOut:
+    """A token without its secret."""
+    return TokenOut(
+        id=row.key_id,
+        name=row.name,
+        role=row.role,
+        host=host,
+        expires_at=row.expires_at,
+        uses_left=row.uses_left,
+        created_at=row.created_at,
+        created_by=row.created_by,
+        last_used_at=row.last_used_at,
+        revoked_at=row.revoked_at,
     )

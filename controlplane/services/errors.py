@@ -46,3 +46,10 @@ class Forbidden(DomainError):
 
     status = 403
     code = "forbidden"
+
+
+class NotLocal(DomainError):
+    """A version's files live elsewhere than on the control plane's disk: fetch them there."""
+
+    status = 404
+    code = "not_local"

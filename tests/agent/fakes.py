@@ -53,8 +53,8 @@ class Health:
     def __init__(self) -> None:
         self.ready = False
         self.live = True
-        self.calls: list[tuple[int, str]] = []
+        self.calls: list[tuple[str, int, str]] = []
 
-    def __call__(self, port: int, path: str) -> bool:
-        self.calls.append((port, path))
+    def __call__(self, host: str, port: int, path: str) -> bool:
+        self.calls.append((host, port, path))
         return self.ready if path == "/health/ready" else self.live

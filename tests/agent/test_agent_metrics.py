@@ -8,7 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.control_plane import ControlPlaneClient, ControlPlaneRejected, ControlPlaneUnavailable
+from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, ControlPlaneUnavailable
 from agent.gpu import FakeBackend
 from agent.metrics import AgentMetrics
 from protocol.wire import Heartbeat, HeartbeatReply
@@ -33,8 +33,8 @@ def test_gpu_gauges_in_base_units_skip_na_and_mark_lost_gpus() -> None:
     assert any(name == "dctl_agent_snapshot_fetches_total" for name, _ in samples)
 
 
-def _client(handler: httpx.MockTransport) -> ControlPlaneClient:
-    return ControlPlaneClient("http://cp.test", client=httpx.Client(transport=handler))
+def _client(handler: httpx.MockTransport) -> ControlPlaneLink:
+    return ControlPlaneLink("http://cp.test", client=httpx.Client(transport=handler))
 
 
 def test_client_maps_answers_to_unavailable_or_rejected() -> None:

@@ -70,3 +70,37 @@ def test_verify_names_the_corrupted_file(tmp_path: Path) -> None:
     broken = dctl("agent", "verify", "--json", "--data-dir", str(tmp_path / "data"))
     assert broken.returncode == 1
     assert json.loads(broken.stdout)[0]["bad_files"] == ["model.safetensors"]
+
+
+def test_config_flag_reads_the_agent_table_and_flags_win(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\ngpu_backend = "fake"\nfake_gpus = "1xL4"\ndata_dir = "{tmp_path / "data"}"\n'
+    )
+    env = {"DCTL_CONFIG": str(tmp_path / "elsewhere.toml")}
+    report = dctl("agent", "preflight", "--json", "--config", str(config), env=env)
+    assert report.returncode == 0, report.stderr
+    checks = json.loads(report.stdout)
+    assert [g["name"] for g in checks["gpus"]] == ["NVIDIA L4"]
+    [disk] = [c for c in checks["checks"] if c["name"] == "disk"]
+    assert str(tmp_path / "data") in disk["reason"]  # the data dir the file names
+    flagged = dctl("agent", "preflight", "--json", "--config", str(config),
+                   "--fake-gpus", "2xA100", env=env)  # fmt: skip
+    assert len(json.loads(flagged.stdout)["gpus"]) == 2
+
+
+def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\ncontrol_plane = "http://127.0.0.1:1"\nports = "9-1"\n')
+    result = dctl("agent", "--config", str(config), "--allow-root", "--data-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: invalid setting ports (--ports, env DCTL_AGENT_PORTS): "
+        "9-1: the first port is above the last"
+    ]
+    missing = dctl("agent", "--config", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 2 and "nope.toml does not exist" in missing.stderr
+    no_cp = dctl(
+        "agent", "--data-dir", str(tmp_path), env={"DCTL_CONFIG": str(config.with_name("x"))}
+    )
+    assert no_cp.returncode == 2 and "control_plane is required" in no_cp.stderr

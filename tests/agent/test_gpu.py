@@ -136,9 +136,19 @@ def test_fake_spec_parsing_and_errors() -> None:
         parse_spec("two H200")
 
 
+def test_nvml_measures_the_devices_and_ignores_reported_engines(nvml: dict[str, Any]) -> None:
+    backend = NvmlBackend()
+    before = backend.sample()
+    backend.observe_engines(lambda: [EngineLoad(pid=1, device_indices=(0,), memory_bytes=GIB,
+                                                busy_ratio=1.0)])  # fmt: skip
+    assert backend.sample() == before
+    assert backend.engine_device == "auto" and FakeBackend().engine_device == "cpu"
+
+
 def test_fake_memory_and_utilisation_follow_the_engines() -> None:
     loads: list[EngineLoad] = []
-    fake = FakeBackend("2xH200", engine_load=lambda: loads)
+    fake = FakeBackend("2xH200")
+    fake.observe_engines(lambda: loads)
     idle = fake.sample().devices
     assert all(d.utilization_ratio == 0 for d in idle)
     loads.append(EngineLoad(pid=10, device_indices=(0, 1), memory_bytes=20 * GIB, busy_ratio=0.5))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import stat
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from agent.control_plane import ControlPlaneRejected, ControlPlaneUnavailable
-from agent.gpu import BackendSelection, FakeBackend
+from agent.control_plane import ControlPlaneRejected, ControlPlaneUnavailable, DesiredState
+from agent.gpu import BackendSelection, EngineLoadSource, FakeBackend, GpuSnapshot
 from agent.preflight import PreflightReport
 from agent.runtime import Agent, AgentConfig
 from agent.snapshots import SnapshotStore
@@ -20,7 +22,6 @@ from protocol.manifest import compute_manifest
 from protocol.wire import (
     DesiredInstance,
     Heartbeat,
-    HeartbeatReply,
     InstanceState,
     MemoryPlan,
     ModelVersionRef,
@@ -56,13 +57,13 @@ class FakeControlPlane:
             heartbeat_interval_s=1.0,
         )  # fmt: skip
 
-    def heartbeat(self, beat: Heartbeat, token: str) -> HeartbeatReply:
+    def heartbeat(self, beat: Heartbeat, token: str) -> DesiredState:
         if self.down:
             raise ControlPlaneUnavailable("connection refused")
         if token == self.refuse_token:
             raise ControlPlaneRejected(401, "token revoked")
         self.beats.append(beat)
-        return HeartbeatReply(
+        return DesiredState(
             generation=self.generation, host_id=1, heartbeat_interval_s=1.0,
             server_time=datetime.now(UTC), instances=list(self.instances),
         )  # fmt: skip
@@ -89,8 +90,16 @@ def desired(src: Path, version: str = "v1", plan: MemoryPlan | None = None) -> D
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, preflight_ok: bool = True, token: str | None = "boot"):
+    def __init__(
+        self,
+        tmp_path: Path,
+        preflight_ok: bool = True,
+        token: str | None = "boot",
+        selection: BackendSelection | None = None,
+    ):
         self.tmp = tmp_path
+        self.selection = selection or BackendSelection("fake", FakeBackend("2xH100"))
+        self.scraped: list[tuple[str, int]] = []
         self.cp = FakeControlPlane()
         self.clock = Clock()
         self.launcher = FakeLauncher()
@@ -110,15 +119,20 @@ class Rig:
         )  # fmt: skip
         return Agent(
             AgentConfig(control_plane=self.cp.url, data_dir=self.tmp / "data",
-                        bootstrap_token=self.token, host_name="gpu-1"),
-            BackendSelection("fake", FakeBackend("2xH100")),
+                        bootstrap_token=self.token, host_name="gpu-1",
+                        advertise_address="10.1.2.3"),
+            self.selection,
             self.preflight,
             SnapshotStore(self.tmp / "data" / "snapshots"),
             supervisor,
             self.cp,
-            fetch_metrics=lambda port: self.engine_text or None,
+            fetch_metrics=self.fetch_metrics,
             clock=self.clock,
         )  # fmt: skip
+
+    def fetch_metrics(self, host: str, port: int) -> str | None:
+        self.scraped.append((host, port))
+        return self.engine_text or None
 
     def settle(self) -> None:
         """Heartbeat, let the snapshot worker finish, and reconcile its result."""
@@ -265,3 +279,82 @@ def test_an_instance_no_longer_desired_is_stopped(tmp_path: Path) -> None:
     rig.agent.heartbeat_once()
     rig.agent.supervisor.tick()
     assert proc.signals and rig.agent.supervisor.instance_ids() == []
+
+
+def test_the_advertise_address_goes_with_registration_and_every_heartbeat(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    rig.agent.heartbeat_once()
+    rig.agent.heartbeat_once()
+    assert rig.cp.registrations[0].advertise_address == "10.1.2.3"
+    assert [b.advertise_address for b in rig.cp.beats] == ["10.1.2.3", "10.1.2.3"]
+
+
+def test_the_engine_binds_the_given_address_with_its_key_on_its_gpus(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    want = desired(checkpoint(tmp_path / "v1", 1)).model_copy(
+        update={"bind_address": "10.1.2.3", "api_key": "sk-secret", "gpu_indices": [1]}
+    )
+    rig.cp.instances = [want]
+    rig.settle()
+    [(argv, env, _)] = rig.launcher.launched
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and "sk-secret" not in " ".join(argv)
+    config = yaml.safe_load(rig.agent.supervisor.config_path(5).read_text())
+    assert config["service"] == {"host": "10.1.2.3", "port": 18005, "api_key": "sk-secret"}
+    assert config["resources"]["device"] == "cpu"  # the fake backend's hosts serve on CPU
+    rig.health.ready = True
+    rig.clock.now += 5
+    rig.agent.supervisor.tick()
+    rig.agent.heartbeat_once()
+    assert rig.health.calls[-1][:2] == ("10.1.2.3", 18005)
+    assert rig.scraped == [("10.1.2.3", 18005)]
+
+
+class RecordingBackend:
+    """A GPU backend like NVML: real devices, so it ignores what the engines report."""
+
+    name = "nvml"
+    engine_device = "auto"
+
+    def __init__(self) -> None:
+        self.sources: list[EngineLoadSource] = []
+
+    def sample(self) -> GpuSnapshot:
+        return GpuSnapshot("nvml", "550.54.15", "12.4", ())
+
+    def observe_engines(self, engine_load: EngineLoadSource) -> None:
+        self.sources.append(engine_load)
+
+    def close(self) -> None:
+        pass
+
+
+def test_every_backend_is_told_about_the_engines_and_picks_their_device(tmp_path: Path) -> None:
+    backend = RecordingBackend()
+    rig = Rig(tmp_path, selection=BackendSelection("nvml", backend))
+    assert len(backend.sources) == 1 and list(backend.sources[0]()) == []
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
+    rig.settle()
+    [load] = backend.sources[0]()
+    assert load.pid == rig.launcher.last.pid
+    config = yaml.safe_load(rig.agent.supervisor.config_path(5).read_text())
+    assert config["resources"]["device"] == "auto"
+
+
+def test_an_unexpected_error_in_one_pass_is_logged_once_and_the_loop_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = Rig(tmp_path)
+    stop = threading.Event()
+    passes: list[set[str]] = []
+
+    def disk_gone(in_use: set[str]) -> list[str]:
+        passes.append(in_use)
+        rig.clock.now += 10  # the next pass heartbeats again
+        if len(passes) == 3:
+            stop.set()
+        raise OSError("snapshot store unreadable")
+
+    rig.agent.store.prune = disk_gone  # type: ignore[method-assign]
+    rig.agent.run(stop)  # returns when stopped instead of raising on the first pass
+    assert len(passes) == 3 and len(rig.cp.beats) == 3
+    assert caplog.text.count("agent loop error; carrying on") == 1

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import signal
+import stat
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -246,3 +249,77 @@ def test_a_failed_instance_starts_when_it_is_wanted_again(rig: tuple) -> None:
     assert sup.state_of(7) == InstanceState.FAILED and launcher.launched == []
     sup.ensure(spec())
     assert sup.state_of(7) == InstanceState.STARTING and len(launcher.launched) == 1
+
+
+def test_the_engine_is_python_m_engine_serve_with_its_config_file(tmp_path: Path) -> None:
+    launcher = FakeLauncher()
+    sup = Supervisor(tmp_path / "run", launcher, Health(), clock=Clock(), env={})
+    sup.ensure(spec())
+    argv, _, _ = launcher.launched[0]
+    assert argv == [sys.executable, "-m", "engine.serve", "--config", str(sup.config_path(7))]
+
+
+def test_api_key_and_bind_address_reach_only_the_0600_config(tmp_path: Path) -> None:
+    launcher, health = FakeLauncher(), Health()
+    sup = Supervisor(
+        tmp_path / "run", launcher, health, clock=Clock(), engine_command=["engine-bin"],
+        env={"PATH": "/bin", "DCTL_BOOTSTRAP_TOKEN": "boot-secret", "CUDA_VISIBLE_DEVICES": "3"},
+    )  # fmt: skip
+    keyed = replace(spec(service={"api_key": "from-deployment"}), bind_address="10.1.2.3",
+                    api_key="sk-instance-secret", gpu_indices=())  # fmt: skip
+    sup.ensure(keyed)
+    argv, env, _ = launcher.launched[0]
+    config_file = sup.config_path(7)
+    assert stat.S_IMODE(config_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(sup.run_dir.stat().st_mode) == 0o700
+    service = yaml.safe_load(config_file.read_text())["service"]
+    assert service == {"host": "10.1.2.3", "port": 18001, "api_key": "sk-instance-secret"}
+    pid_file = sup.run_dir / "instance-7.json"
+    assert stat.S_IMODE(pid_file.stat().st_mode) == 0o600
+    for text in (" ".join(argv), repr(env), pid_file.read_text(), repr(keyed),
+                 repr(sup.observed())):  # fmt: skip
+        assert "sk-instance-secret" not in text
+    # The agent's own secrets stay out of the engine; no GPU list means the agent's view.
+    assert "DCTL_BOOTSTRAP_TOKEN" not in env and env["CUDA_VISIBLE_DEVICES"] == "3"
+    sup.tick()
+    assert health.calls[-1] == ("10.1.2.3", 18001, "/health/ready")
+
+
+def test_a_wildcard_bind_address_is_probed_on_loopback(rig: tuple) -> None:
+    sup, _launcher, _clock, health, _ = rig
+    sup.ensure(replace(spec(), bind_address="0.0.0.0"))
+    health.ready = True
+    sup.tick()
+    assert health.calls[-1] == ("127.0.0.1", 18001, "/health/ready")
+    assert sup.ready_endpoints() == {7: ("127.0.0.1", 18001)}
+
+
+def test_a_new_api_key_replaces_the_engine(rig: tuple) -> None:
+    sup, launcher, _clock, _health, _ = rig
+    sup.ensure(replace(spec(), api_key="key-1"))
+    old = launcher.last
+    sup.ensure(replace(spec(), api_key="key-1"))
+    assert len(launcher.launched) == 1
+    sup.ensure(replace(spec(), api_key="key-2"))
+    assert old.signals == [signal.SIGTERM]
+    sup.tick()
+    assert len(launcher.launched) == 2
+    assert yaml.safe_load(sup.config_path(7).read_text())["service"]["api_key"] == "key-2"
+
+
+def test_an_adopted_engine_keeps_its_api_key(rig: tuple) -> None:
+    sup, launcher, clock, health, _ = rig
+    keyed = replace(spec(), api_key="key-1", bind_address="10.1.2.3")
+    sup.ensure(keyed)
+    pid = launcher.last.pid
+    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    assert second.adopt_existing() == [7]
+    assert health.calls[-1] == ("10.1.2.3", 18001, "/health/live")
+    second.ensure(keyed)  # same key (read back from the config): no restart
+    assert len(launcher.launched) == 1
+    launcher.last.code = 1  # a crash restarts it with its key, control plane or not
+    second.tick()
+    clock.now += 2
+    second.tick()
+    assert len(launcher.launched) == 2 and launcher.last.pid != pid
+    assert yaml.safe_load(second.config_path(7).read_text())["service"]["api_key"] == "key-1"

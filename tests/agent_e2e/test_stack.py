@@ -13,17 +13,25 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from protocol.manifest import compute_manifest
-from protocol.rest import DeploymentUpdate
+from protocol.rest import DeploymentUpdate, InstanceOut
 from tests.agent_e2e.conftest import HOST, Stack, wait_for
 
 
-def complete(port: int) -> dict[str, object]:
+def engine_config(stack: Stack, inst: InstanceOut) -> Path:
+    return stack.agent_data() / "agent" / "run" / f"instance-{inst.id}.yaml"
+
+
+def complete(stack: Stack, inst: InstanceOut) -> dict[str, object]:
+    """One completion straight from the engine, with the API key the agent gave it."""
+    key = yaml.safe_load(engine_config(stack, inst).read_text())["service"].get("api_key")
     response = httpx.post(
-        f"http://127.0.0.1:{port}/v1/completions",
+        f"http://127.0.0.1:{inst.port}/v1/completions",
         json={"model": "demo", "prompt": "Hello", "max_tokens": 4},
+        headers={"Authorization": f"Bearer {key}"} if key else {},
         timeout=60,
     )
     assert response.status_code == 200, response.text
@@ -69,8 +77,16 @@ def test_registers_heartbeats_and_the_instance_becomes_ready(stack: Stack) -> No
     assert {c.name for c in host.facts.preflight} >= {"nvml", "gpu_count", "torch", "disk"}
     assert [g.name for g in host.gpus] == ["NVIDIA H200", "NVIDIA H200"]
     assert host.applied_generation == host.desired_generation
-    body = complete(inst.port)
+    body = complete(stack, inst)
     assert body["usage"]["completion_tokens"] == 4  # type: ignore[index]
+    config = engine_config(stack, inst)
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    key = yaml.safe_load(config.read_text())["service"].get("api_key")
+    if key:  # the control plane issued one: the engine wants it, and no command line shows it
+        anonymous = httpx.get(f"http://127.0.0.1:{inst.port}/v1/models", timeout=10)
+        assert anonymous.status_code == 401
+        assert inst.pid is not None
+        assert key.encode() not in Path(f"/proc/{inst.pid}/cmdline").read_bytes()
     token_file = stack.agent_data() / "agent" / "agent-token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     own = agent_metrics(stack)
@@ -92,7 +108,7 @@ def test_kill_9_engine_is_restarted_on_the_same_port(stack: Stack) -> None:
     assert after.restart_count == before.restart_count + 1
     assert after.last_exit is not None and after.last_exit.signal == 9
     assert after.port == before.port
-    complete(after.port)
+    complete(stack, after)
 
 
 def test_corrupt_snapshot_is_refused_and_the_old_one_keeps_serving(stack: Stack) -> None:
@@ -113,7 +129,7 @@ def test_corrupt_snapshot_is_refused_and_the_old_one_keeps_serving(stack: Stack)
     assert refused.observed_state == "ready" and refused.pid == serving.pid
     info = metrics(f"http://127.0.0.1:{serving.port}/metrics")
     assert any(v1_digest in key for key in info if key.startswith("dllm_model_info"))
-    complete(serving.port)
+    complete(stack, serving)
     assert agent_metrics(stack)["dctl_agent_snapshot_fetches_total{result=mismatch}"] == 1
     store = stack.agent_data() / "snapshots"
     assert (store / "snapshots" / v1_digest).is_dir()
@@ -139,7 +155,7 @@ def test_restarted_agent_adopts_the_engine_instead_of_starting_another(stack: St
     assert engine_processes(stack, serving.id) == [serving.pid]
     again = stack.ready_instance()
     assert again.pid == serving.pid
-    complete(again.port)
+    complete(stack, again)
 
 
 def test_engines_keep_serving_while_the_control_plane_is_down(stack: Stack) -> None:
@@ -154,7 +170,7 @@ def test_engines_keep_serving_while_the_control_plane_is_down(stack: Stack) -> N
     with sqlite3.connect(db) as conn:
         before = conn.execute(query, (serving.id,)).fetchone()[0]
     for _ in range(3):
-        complete(serving.port)
+        complete(stack, serving)
     time.sleep(max(0.0, 4 - (time.monotonic() - outage_started)))  # several missed heartbeats
     assert stack.agent is not None and stack.agent.poll() is None
     assert engine_processes(stack, serving.id) == [serving.pid]

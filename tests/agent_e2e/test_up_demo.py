@@ -60,8 +60,14 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
         match = re.search(r"^OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)$", output, re.M)
         assert match, output
         base_url = match.group(1)
+        key = re.search(r"^OpenAI API key: (\S+)$", output, re.M)
+        assert key, output
+        assert f"Authorization: Bearer {key.group(1)}" in output  # the sample curl uses it
+        refused = httpx.get(f"{base_url}/models", timeout=30)
+        assert refused.status_code == 401  # the engine's only key is the one printed
         reply = httpx.post(
             f"{base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {key.group(1)}"},
             json={"model": "demo", "messages": [{"role": "user", "content": "Hi"}],
                   "max_tokens": 4},
             timeout=60,

@@ -273,6 +273,11 @@ def test_hosts_and_a_deployment_end_to_end(tmp_path: Path, dctl: Dctl, server: S
     scaled = as_json(dctl("deploy", "scale", "web", "2", "--json"))
     assert len(scaled["instances"]) == 4
     assert len({(i["host"], i["port"]) for i in scaled["instances"]}) == 4
+    one_each = as_json(dctl("deploy", "configure", "web", "--gpus-per-instance", "1", "--json"))
+    assert sorted(i["gpu_indices"] for i in one_each["instances"]) == [[0], [0], [1], [1]]
+    too_many = dctl("deploy", "configure", "web", "--gpus-per-instance", "2")
+    assert too_many.code == 1 and "host gpu-a" in one_error_line(too_many.stderr)
+    assert "4 GPU(s) asked (2 instance(s) × 2), 2 free of 2" in too_many.stderr
     assert "web" in ok(dctl("deploy", "list")).stdout
     assert "gpu-b" in ok(dctl("deploy", "show", "web")).stdout
 
@@ -396,6 +401,9 @@ def test_exit_codes_in_a_real_process(tmp_path: Path, server: Server) -> None:
     unreachable = run_dctl("host", "list", env={**env, "DCTL_URL": "http://127.0.0.1:1"})
     assert unreachable.returncode == 1
     assert "cannot reach the control plane" in one_error_line(unreachable.stderr)
+    schemeless = run_dctl("host", "list", env={**env, "DCTL_URL": "127.0.0.1:8700"})
+    assert schemeless.returncode == 1
+    assert "must be http://HOST[:PORT]" in one_error_line(schemeless.stderr)
     nothing = run_dctl("status", env=env)
     assert nothing.returncode == 1 and "dctl server" in one_error_line(nothing.stderr)
     good = {**env, "DCTL_URL": server.url, "DCTL_TOKEN": server.admin_token}

@@ -57,15 +57,16 @@ def test_heartbeat_commits_observed_state_and_returns_desired_state(api: Api, tm
         api, source=str(tmp_path), memory_plan={"weights_bytes": 100, "kv_bytes_per_token": 8}
     )
     agent = api.register("gpu-1")["agent_token"]
-    deploy(api, "web", ["gpu-1"], per_host=2, engine_config={"block_size": 4})
+    deploy(api, "web", ["gpu-1"], per_host=2, engine_config={"model": {"block_size": 4}})
     reply = HeartbeatReply(**api.heartbeat(agent, gpus=[gpu(i) for i in range(8)]).json())
     assert [i.port for i in reply.instances] == [18000, 18001]
     first = reply.instances[0]
-    assert first.deployment == "web" and first.engine_config == {"block_size": 4}
+    assert first.deployment == "web" and first.engine_config == {"model": {"block_size": 4}}
     assert first.model.digest == Manifest(**manifest("config.json", "model.safetensors")).digest()
     assert first.model.manifest.digest() == first.model.digest
     assert first.model.files_url is not None
-    assert first.model.files_url.endswith("/api/v1/models/demo/versions/v1/files/")
+    # A path, never a URL built from the request's Host header (which a client controls).
+    assert first.model.files_url == "/api/v1/models/demo/versions/v1/files/"
     assert first.model.memory_plan is not None and first.model.memory_plan.weights_bytes == 100
     observed = [
         {"instance_id": first.instance_id, "state": "ready", "pid": 4242, "port": 18000,
@@ -84,10 +85,11 @@ def test_heartbeat_commits_observed_state_and_returns_desired_state(api: Api, tm
     events = api.as_admin("GET", "/api/v1/events", params={"kind": "instance.*"}).json()["items"]
     assert [(e["kind"], e["data"]["previous"]) for e in events] == [("instance.ready", "pending")]
     assert events[0]["message"] == f"web instance {first.instance_id} on gpu-1: pending -> ready"
-    api.as_admin("PATCH", "/api/v1/deployments/web", json={"engine_config": {"block_size": 8}})
+    config = {"engine_config": {"model": {"block_size": 8}}}
+    api.as_admin("PATCH", "/api/v1/deployments/web", json=config)
     changed = HeartbeatReply(**api.heartbeat(agent).json())
     assert changed.generation > reply.generation
-    assert changed.instances[0].engine_config == {"block_size": 8}
+    assert changed.instances[0].engine_config == {"model": {"block_size": 8}}
 
 
 def test_one_agent_cannot_touch_another_hosts_state(api: Api) -> None:

@@ -103,7 +103,7 @@ def test_deployment_derives_instances_with_distinct_ports(api: Api) -> None:
     register_version(api)
     api.register("gpu-1", port_range=[18000, 18002])
     api.register("gpu-2", labels={"pool": "a"})
-    created = deploy(api, "web", ["gpu-1"], per_host=2, engine_config={"max_batch": 8})
+    created = deploy(api, "web", ["gpu-1"], per_host=2, engine_config={"service": {"max_queue": 8}})
     assert created.status_code == 201, created.text
     ports = sorted((i["host"], i["port"]) for i in created.json()["instances"])
     assert ports == [("gpu-1", 18000), ("gpu-1", 18001)]

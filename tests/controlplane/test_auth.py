@@ -117,8 +117,20 @@ def test_cached_agent_tokens_still_honour_revocation(api: Api) -> None:
     assert api.heartbeat(agent).status_code == 401  # this replica forgets at once
     other = api.register("gpu-2")["agent_token"]
     assert api.heartbeat(other).status_code == 200
-    # Revoked behind this replica's back (as another replica would): refused within 5 s.
+    # Revoked behind this replica's back (as another replica would): refused at once, since
+    # the heartbeat's own write re-checks the token row.
     with api.engine.begin() as conn:
         conn.execute(sa.text("UPDATE apitoken SET revoked_at = created_at WHERE role = 'agent'"))
-    api.clock.advance(5)
-    assert api.heartbeat(other).status_code == 401
+    refused = api.heartbeat(other)
+    assert refused.status_code == 401 and "revoked" in refused.json()["message"]
+
+
+def test_a_limited_agent_token_spends_a_use_only_on_a_heartbeat_that_commits(api: Api) -> None:
+    agent = api.register("gpu-1")["agent_token"]
+    with api.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE apitoken SET uses_left = 2 WHERE role = 'agent'"))
+    assert api.heartbeat(agent, gpus=[{"index": "zero"}]).status_code == 422  # spends nothing
+    assert api.heartbeat(agent).status_code == 200
+    assert api.heartbeat(agent).status_code == 200
+    spent = api.heartbeat(agent)
+    assert spent.status_code == 401 and "no uses left" in spent.json()["message"]

@@ -13,7 +13,7 @@ from controlplane.db import make_engine
 from tests.controlplane.conftest import create_pg_database, drop_pg_database, require_postgres
 
 EXPECTED_TABLES = {"host", "gpu", "model", "modelversion", "deployment", "instance", "rollout",
-                   "event", "apitoken", "metricsample"}  # fmt: skip
+                   "event", "apitoken", "metricsample", "lease"}  # fmt: skip
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -78,7 +78,57 @@ def test_migration_scripts_ship_inside_the_package() -> None:
     root = Path(migrations.__file__).parent
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "__init__.py").is_file()  # so setuptools packages the scripts
-    assert migrate.head() == "0001"
+    assert migrate.head() == "0002"
+
+
+def test_upgrading_to_0002_gives_existing_instances_a_key_and_their_hosts_the_news(
+    empty_url: str,
+) -> None:
+    migrate.upgrade(empty_url, "0001")
+    engine = make_engine(empty_url)
+    now = "2026-01-01 00:00:00"
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO host (id, name, labels, state, draining, registered_at, "
+                "heartbeat_interval_s, port_range_start, port_range_end, facts, gpu_samples, "
+                "desired_generation, applied_generation) VALUES (1, 'gpu-a', '{}', 'ready', "
+                f"false, '{now}', 5, 18000, 18099, '{{}}', '[]', 3, 3)"
+            )
+        )
+        conn.execute(sa.text(f"INSERT INTO model (id, name, created_at) VALUES (1, 'm', '{now}')"))
+        conn.execute(
+            sa.text(
+                "INSERT INTO modelversion (id, model_id, version, line, digest, manifest, "
+                "total_bytes, source_uri, notes, deprecated, created_at) VALUES (1, 1, 'v1', "
+                f"'base', '{'0' * 64}', '[]', 0, '/w', '', false, '{now}')"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO deployment (id, name, model_id, stable_version_id, engine_config, "
+                "placement_hosts, placement_labels, instances_per_host, created_at, updated_at) "
+                f"VALUES (1, 'web', 1, 1, '{{}}', '[]', '{{}}', 2, '{now}', '{now}')"
+            )
+        )
+        for instance_id, port in ((1, 18000), (2, 18001)):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO instance (id, deployment_id, host_id, version_id, ordinal, port, "
+                    "desired_state, observed_state, restart_count, message, created_at) VALUES "
+                    f"({instance_id}, 1, 1, 1, {instance_id - 1}, {port}, 'running', 'ready', 0, "
+                    f"'', '{now}')"
+                )
+            )
+    engine.dispose()
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    with engine.connect() as conn:
+        keys = conn.execute(sa.text("SELECT api_key FROM instance ORDER BY id")).scalars().all()
+        generation = conn.execute(sa.text("SELECT desired_generation FROM host")).scalar()
+    engine.dispose()
+    assert len(set(keys)) == 2 and all(k.startswith("dctl_ik_") and len(k) > 40 for k in keys)
+    assert generation == 4  # the agent is told, and restarts its engines with the key
 
 
 def test_unsupported_database_urls_are_named() -> None:

@@ -2,9 +2,9 @@
 
 `build_tiny_checkpoint(path, ...)` writes a Hugging Face checkpoint directory the way a user's
 download looks: a random `transformers` Qwen3-MoE (or Qwen3) model saved with `save_pretrained`
-(per-expert tensor names, optionally sharded), a `generation_config.json`, and a real byte-level
-BPE `tokenizer.json` trained with `tokenizers`, plus `tokenizer_config.json` with a chat template
-(honouring `enable_thinking`) and the special tokens below.
+(per-expert tensor names, optionally sharded), a `generation_config.json`, and the demo
+checkpoint's byte-level BPE tokenizer (`engine.demo_checkpoint.write_tokenizer`: `tokenizer.json`
+plus `tokenizer_config.json` with a Qwen3-style chat template honouring `enable_thinking`).
 
 Fixtures (session scope, shared by every engine test module):
 - `tiny_checkpoint`: qwen3_moe, fp32, 2 layers, 8 experts top-2, `block_size` 4 in config.json,
@@ -12,9 +12,9 @@ Fixtures (session scope, shared by every engine test module):
 - `tiny_checkpoint_config`: the transformers config dict it was built from.
 
 Token facts tests can rely on: ids 0..3 are `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`,
-`<|mask|>` (see SPECIAL_TOKENS); EOS ids are [<|im_end|>, <|endoftext|>]; the tokenizer defines
-fewer ids than the model's vocab_size (TINY_VOCAB), like real Qwen checkpoints whose embedding
-has padding rows.
+`<|mask|>`; EOS ids are [<|im_end|>, <|endoftext|>]; the tokenizer defines fewer ids
+(TOKENIZER_VOCAB) than the model's vocab_size (TINY_VOCAB), like real Qwen checkpoints whose
+embedding has padding rows.
 """
 
 from __future__ import annotations
@@ -25,34 +25,13 @@ from typing import Any
 
 import pytest
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
-ENDOFTEXT_ID, IM_START_ID, IM_END_ID, MASK_ID = 0, 1, 2, 3
+from engine import demo_checkpoint
+from engine.demo_checkpoint import CHAT_TEMPLATE
+
+ENDOFTEXT_ID, IM_START_ID, IM_END_ID, MASK_ID = 0, 1, 2, 3  # demo_checkpoint.SPECIAL_TOKENS
 TINY_VOCAB = 320  # model embedding rows; the tokenizer defines at most TOKENIZER_VOCAB ids
-TOKENIZER_VOCAB = 300
+TOKENIZER_VOCAB = 300  # 298 BPE ids (special tokens included) + the two thinking markers
 MOE_ONLY_KEYS = ("num_experts", "num_experts_per_tok", "norm_topk_prob", "moe_intermediate_size")
-
-# Our own ChatML-style template (rendered with jinja2 by engine.tokenizer).
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{% if enable_thinking is defined and enable_thinking is false %}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{% endif %}"
-    "{% endif %}"
-)
-
-_CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Block diffusion decodes several tokens per forward pass.",
-    "A mixture of experts routes every token to a few experts.",
-    "Hello world! How are you today? I am fine, thank you.",
-    "def add(a, b):\n    return a + b\n",
-    "GPU hosts serve models; the control plane rolls out new versions.",
-    "one two three four five six seven eight nine ten",
-]
 
 
 def tiny_hf_config(**overrides: Any) -> dict[str, Any]:
@@ -79,31 +58,12 @@ def tiny_hf_config(**overrides: Any) -> dict[str, Any]:
 
 
 def write_tokenizer(path: Path, *, chat_template: str | None = CHAT_TEMPLATE) -> None:
-    """Trains a tiny byte-level BPE tokenizer and writes tokenizer.json + tokenizer_config.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+    """The demo checkpoint's tokenizer (the project's one way to make it), TOKENIZER_VOCAB ids."""
+    demo_checkpoint.write_tokenizer(
+        path,
+        vocab_size=TOKENIZER_VOCAB - len(demo_checkpoint.THINK_TOKENS),
+        chat_template=chat_template,
     )
-    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    tok.save(str(path / "tokenizer.json"))
-    tok_config: dict[str, Any] = {
-        "added_tokens_decoder": {
-            str(i): {"content": t, "special": True} for i, t in enumerate(SPECIAL_TOKENS)
-        },
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "mask_token": "<|mask|>",
-    }
-    if chat_template is not None:
-        tok_config["chat_template"] = chat_template
-    (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
 
 
 def build_tiny_checkpoint(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.errors import ContextLengthExceeded
@@ -160,6 +162,25 @@ def test_stop_string_cuts_text_before_it(peaked: Parts) -> None:
     assert result.token_ids == free.token_ids[:kept]
     assert stop in peaked.tokenizer.decode(result.token_ids)
     assert stop not in peaked.tokenizer.decode(result.token_ids[:-1])
+
+
+def test_stop_strings_anywhere_are_found_across_steps_and_blocks(peaked: Parts) -> None:
+    """A stop string at every position of an output (block boundaries included, tokens arriving
+    a few per step) ends the request exactly where one search of the full text would."""
+    prompt = prompt_ids(peaked, 0)
+    params = SamplingParams(max_tokens=24, steps=2)  # 2 tokens a step, blocks of 4
+    free = run_core(peaked.core(), {"r": (prompt, params)})["r"]
+    for start in range(len(free.text) - 2):
+        stop = free.text[start : start + 3]
+        got = run_core(peaked.core(), {"r": (prompt, dataclasses.replace(params, stop=[stop]))})
+        result = got["r"]
+        cut = free.text.find(stop)
+        assert result.finish_reason == "stop", stop
+        assert result.text == free.text[:cut], stop
+        assert result.token_ids == free.token_ids[: len(result.token_ids)]
+        needed = cut + len(stop)
+        assert len(peaked.tokenizer.decode(result.token_ids)) >= needed
+        assert len(peaked.tokenizer.decode(result.token_ids[:-1])) < needed
 
 
 def test_mask_token_never_in_output(peaked: Parts) -> None:

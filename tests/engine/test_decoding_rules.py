@@ -9,11 +9,13 @@ from hypothesis import strategies as st
 
 from engine.decoding import (
     NOT_MASKED,
+    Finish,
     detect_finish,
     most_confident,
     releasable_text,
     unmask_counts,
 )
+from engine.detokenizer import IncrementalDetokenizer
 
 
 def counts_for(
@@ -111,21 +113,25 @@ def decode_chars(ids: list[int]) -> str:
     return "".join(chr(i) for i in ids)
 
 
-def detect(known: list[int], **kw: object) -> object:
-    args: dict[str, object] = {
-        "max_tokens": 100,
-        "eos_token_ids": frozenset({0}),
-        "stop": [],
-        "decode": decode_chars,
-    }
-    args.update(kw)
-    return detect_finish(known, **args)  # type: ignore[arg-type]
+def detect(
+    known: list[int], *, max_tokens: int = 100, stop: list[str] | None = None, emitted: int = 0
+) -> Finish | None:
+    """detect_finish on `known`, of which the first `emitted` tokens were emitted already."""
+    text = IncrementalDetokenizer(decode_chars)
+    text.extend(known[:emitted])
+    return detect_finish(
+        emitted,
+        known[emitted:],
+        max_tokens=max_tokens,
+        eos_token_ids=frozenset({0}),
+        find_stop=(lambda extra: text.find_stop(extra, stop)) if stop else None,
+    )
 
 
 def test_finish_at_first_eos_excludes_it() -> None:
     result = detect([ord("a"), ord("b"), 0, ord("c"), 0])
     assert result is not None
-    assert (result.num_tokens, result.reason) == (2, "stop")  # type: ignore[attr-defined]
+    assert (result.num_tokens, result.reason) == (2, "stop")
 
 
 def test_not_finished_while_prefix_has_no_eos() -> None:
@@ -135,25 +141,32 @@ def test_not_finished_while_prefix_has_no_eos() -> None:
 def test_length_finish_cuts_at_max_tokens_even_mid_block() -> None:
     result = detect([ord(c) for c in "abcdefg"], max_tokens=5)
     assert result is not None
-    assert (result.num_tokens, result.reason) == (5, "length")  # type: ignore[attr-defined]
+    assert (result.num_tokens, result.reason) == (5, "length")
     # An EOS beyond max_tokens does not count.
     result = detect([ord(c) for c in "abcde"] + [0], max_tokens=5)
-    assert (result.num_tokens, result.reason) == (5, "length")  # type: ignore[attr-defined]
+    assert result == Finish(num_tokens=5, reason="length")
 
 
 def test_stop_string_keeps_completing_token_and_cuts_text_before_it() -> None:
     known = [ord(c) for c in "hello END world"]
     result = detect(known, stop=["END", "wor"])
     assert result is not None
-    assert result.reason == "stop"  # type: ignore[attr-defined]
-    assert result.num_tokens == len("hello END")  # type: ignore[attr-defined]
-    assert result.text_end == len("hello ")  # type: ignore[attr-defined]
+    assert result.reason == "stop"
+    assert result.num_tokens == len("hello END")
+    assert result.text_end == len("hello ")
 
 
 def test_eos_before_stop_string_wins() -> None:
     known = [ord("a"), 0, *[ord(c) for c in "END"]]
     result = detect(known, stop=["END"])
-    assert (result.num_tokens, result.reason, result.text_end) == (1, "stop", None)  # type: ignore[attr-defined]
+    assert result is not None
+    assert (result.num_tokens, result.reason, result.text_end) == (1, "stop", None)
+
+
+def test_stop_string_across_emitted_and_new_tokens() -> None:
+    known = [ord(c) for c in "hello END world"]
+    result = detect(known, stop=["END"], emitted=len("hello E"))
+    assert result == Finish(num_tokens=len("hello END"), reason="stop", text_end=len("hello "))
 
 
 def test_releasable_text_holds_back_possible_stop_prefix_and_partial_chars() -> None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
 from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
-from tests.engine_server.conftest import ROOT, free_port
+from tests.engine_server.conftest import MODEL, ROOT, ServerProcess, free_port, wait_ready
 
 
 def write(tmp_path: Path, data: object) -> Path:
@@ -139,3 +141,47 @@ def test_a_checkpoint_that_fails_to_load_ends_the_process_with_1(
     records = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     failure = next(r for r in records if r["msg"] == "model load failed")
     assert "CheckpointError" in failure["error"] and "model.safetensors" in failure["error"]
+
+
+def test_python_m_engine_serve_runs_standalone_from_a_config_file(
+    tmp_path: Path, demo_checkpoint: Path
+) -> None:
+    """How the agent runs an engine: `python -m engine.serve --config FILE`, from a directory
+    of its own (not the repository), serving until SIGTERM, then exit 0. The API key in the
+    file never reaches the log."""
+    key = "sk-standalone-5d1e0b"
+    port = free_port()
+    config = write(
+        tmp_path,
+        {
+            "service": {"host": "127.0.0.1", "port": port, "api_key": key},
+            "model": {"path": str(demo_checkpoint), "served_name": MODEL, "dtype": "fp32",
+                      "max_seq_len": 256},
+            "resources": {"device": "cpu", "threads": 1},
+            "logging": {"level": "info", "format": "kv"},
+        },
+    )  # fmt: skip
+    log_path = tmp_path / "engine.log"
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.serve", "--config", str(config)],
+            cwd=tmp_path,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
+    try:
+        wait_ready(server)
+        response = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"model": MODEL, "prompt": "Hello", "max_tokens": 4},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert response.status_code == 200, response.text
+    finally:
+        assert server.stop() == 0
+    log = log_path.read_text()
+    assert "msg=starting" in log and "msg=drained" in log
+    assert key not in log

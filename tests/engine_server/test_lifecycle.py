@@ -166,3 +166,14 @@ def test_sigterm_drains_running_requests_then_exits_0(narrow: ServerProcess) -> 
     assert finals[-1]["choices"][0]["finish_reason"] == "length"
     assert narrow.proc.wait(30) == 0
     assert "drained" in {r["msg"] for r in narrow.log_records()}
+
+
+def test_the_api_key_never_appears_in_the_logs(guarded: ServerProcess) -> None:
+    """After start-up (which logs the configuration), accepted and refused requests, no log
+    line holds the key."""
+    guarded.wait_idle()
+    records = {r["msg"]: r for r in guarded.log_records()}
+    config = records["starting"]["config"]
+    assert config["service"]["api_key"] == "***"
+    assert config["model"]["served_name"] == MODEL
+    assert API_KEY not in guarded.log_path.read_text()

@@ -1,0 +1,210 @@
+"""Agent settings: defaults < the config file's `[agent]` table < `DCTL_AGENT_*` env < flags.
+
+The file is the one every part reads (`~/.config/dctl/config.toml`, or what `DCTL_CONFIG` or
+`dctl agent --config FILE` names). Env vars carry the prefix `DCTL_AGENT_` (e.g.
+`DCTL_AGENT_PORTS=18000-18099`) so that an agent and a control plane on one machine never read
+each other's `DCTL_PORT`, `DCTL_HOST` or `DCTL_DATA_DIR`. Two older names still work and count
+as flags: `DCTL_CONTROL_PLANE` and `DCTL_BOOTSTRAP_TOKEN` (the CLI reads them).
+
+The bootstrap token is best given as a file (`bootstrap_token_file`, 0600): a value on the
+command line is visible to every user of the host in `ps`.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    NoDecode,
+    SettingsConfigDict,
+)
+from pydantic_settings import SettingsError as SourceError
+
+from agent.gpu import FakeBackend, parse_spec
+from protocol import paths
+from protocol.settings import (
+    FileBackedSettings,
+    LogFormat,
+    LogLevel,
+    SettingsError,
+)
+from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
+
+__all__ = ["ENV_PREFIX", "AgentSettings", "SettingsError", "load_agent_settings"]
+
+log = logging.getLogger("dctl.agent")
+ENV_PREFIX = "DCTL_AGENT_"
+# Addresses that mean "every interface": an engine may listen there, nobody can connect there.
+_WILDCARDS = {"0.0.0.0", "::", "[::]"}
+# Settings whose flag is not simply --NAME-WITH-DASHES.
+_FLAG_NAMES = {"labels": "--label"}
+
+
+class AgentSettings(FileBackedSettings):
+    """Settings of `dctl agent` (and of `dctl agent preflight` / `verify`)."""
+
+    config_section: ClassVar[str] = "agent"
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    control_plane: str | None = Field(default=None, description="control-plane URL")
+    bootstrap_token: SecretStr | None = None
+    bootstrap_token_file: Path | None = None
+    data_dir: Path = Field(default_factory=paths.data_dir)
+    name: Name | None = Field(default=None, description="host name (default: the hostname)")
+    labels: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    ports: Annotated[tuple[Port, Port], NoDecode] = DEFAULT_PORT_RANGE
+    advertise_address: Address | None = Field(
+        default=None, description="default: the local address that routes to the control plane"
+    )
+    gpu_backend: Literal["auto", "nvml", "fake"] = "auto"
+    fake_gpus: str = "2xH200"
+    fake_faults: str = ""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9401, ge=0, le=65535)
+    startup_grace_s: float = Field(default=600.0, gt=0)
+    expected_gpus: int | None = Field(default=None, ge=0)
+    min_driver: str = "535.0"
+    stop_engines_on_exit: bool = False
+    allow_root: bool = False
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "kv"
+
+    @field_validator("control_plane")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL; write e.g. http://cp:8700")
+        return value.strip().rstrip("/")
+
+    @field_validator("data_dir", "bootstrap_token_file")
+    @classmethod
+    def _absolute(cls, value: Path | None) -> Path | None:
+        return None if value is None else value.expanduser().resolve()
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels_from_text(cls, value: Any) -> Any:
+        # A flag gives KEY=VALUE items, an env var one "KEY=VALUE,KEY=VALUE" line, the file a table.
+        if isinstance(value, str):
+            value = [item for item in value.split(",") if item.strip()]
+        if isinstance(value, list | tuple):
+            labels = {}
+            for item in value:
+                key, sep, val = str(item).partition("=")
+                if not sep or not key.strip():
+                    raise ValueError(f"{item!r}: write KEY=VALUE")
+                labels[key.strip()] = val.strip()
+            return labels
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_the_wire_accepts(cls, value: dict[str, str]) -> dict[str, str]:
+        # One rule for label names: the one registration applies.
+        try:
+            RegisterRequest(name="probe", labels=value)
+        except ValidationError as exc:
+            raise ValueError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
+        return value
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _ports_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            first, sep, last = value.strip().partition("-")
+            if not (sep and first.isdigit() and last.isdigit()):
+                raise ValueError(f"{value!r}: write FIRST-LAST, e.g. 18000-18099")
+            return (int(first), int(last))
+        return value
+
+    @field_validator("ports")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] > value[1]:
+            raise ValueError(f"{value[0]}-{value[1]}: the first port is above the last")
+        return value
+
+    @field_validator("advertise_address")
+    @classmethod
+    def _reachable(cls, value: str | None) -> str | None:
+        if value in _WILDCARDS:
+            raise ValueError(
+                f"{value} means every interface; give the address other machines reach this "
+                "host at (or leave it unset to use the one that routes to the control plane)"
+            )
+        return value
+
+    @field_validator("fake_gpus")
+    @classmethod
+    def _fake_spec(cls, value: str) -> str:
+        parse_spec(value)
+        return value
+
+    @field_validator("fake_faults")
+    @classmethod
+    def _fake_faults(cls, value: str) -> str:
+        # The one parser of fault texts, on a fake that is thrown away.
+        FakeBackend("1xH200").inject(value)
+        return value
+
+    def read_bootstrap_token(self) -> str | None:
+        """The bootstrap token: the value if one was given, else the file's content.
+
+        A missing file is not an error (once registered, the agent needs no bootstrap token, and
+        a used one may well be deleted); an unreadable or empty one is.
+        """
+        if self.bootstrap_token is not None:
+            return self.bootstrap_token.get_secret_value()
+        path = self.bootstrap_token_file
+        if path is None:
+            return None
+        if not path.exists():
+            log.warning("bootstrap token file %s does not exist (fine once registered)", path)
+            return None
+        try:
+            token = path.read_text().strip()
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError as exc:
+            raise SettingsError(
+                f"invalid setting bootstrap_token_file: cannot read {path}: {exc.strerror}"
+            ) from None
+        if not token:
+            raise SettingsError(f"invalid setting bootstrap_token_file: {path} is empty")
+        if mode & 0o077:
+            log.warning("bootstrap token file %s is readable by others (mode %o): chmod 600 it",
+                        path, mode)  # fmt: skip
+        return token
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line naming the bad setting, where it can be set, and what is allowed."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else "settings"
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(AgentSettings.model_fields)
+        return f"unknown setting {name!r} in the [agent] table (known: {known})"
+    message = str(err["msg"]).removeprefix("Value error, ")
+    flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
+    return f"invalid setting {name} ({flag}, env {ENV_PREFIX}{name.upper()}): {message}"
+
+
+def load_agent_settings(config_file: Path | None = None, **overrides: Any) -> AgentSettings:
+    """Load the settings; flags come as OVERRIDES (None: not given). Raises `SettingsError`.
+
+    CONFIG_FILE (from `--config`) replaces the default file; unlike the default, it must exist.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return AgentSettings.load(config_file, **given)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+    except SourceError as exc:  # e.g. a value pydantic-settings could not decode
+        raise SettingsError(f"invalid settings: {exc}") from None

@@ -1,0 +1,253 @@
+"""The control plane's REST API as data: one function per endpoint, returning the `Call` to make.
+
+A `Call` says everything about one request — method, path, query, JSON body — and how to read
+the answer into its response model. Nothing here sends anything: `ControlPlaneClient` and
+`AsyncControlPlaneClient` execute the same calls, so each endpoint is written once and the two
+clients cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+from pydantic import BaseModel, TypeAdapter
+
+from protocol.rest import (
+    DeploymentCreate,
+    DeploymentOut,
+    DeploymentUpdate,
+    EventPage,
+    FleetStatus,
+    HostOut,
+    ModelOut,
+    TokenCreate,
+    TokenCreated,
+    TokenOut,
+    VersionOut,
+)
+from protocol.wire import Manifest, MemoryPlan, VersionLine
+
+API = "/api/v1"
+T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and how to read its answer; `read` raises `ValidationError` on a bad shape.
+
+    Query parameters that are None are left out, so optional filters need no special casing.
+    """
+
+    method: str
+    path: str
+    read: Callable[[Any], T]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    json: Any = None
+
+    def query(self) -> dict[str, Any] | None:
+        """The query parameters to send (None values dropped), or None for no query string."""
+        clean = {k: v for k, v in self.params.items() if v is not None}
+        return clean or None
+
+
+def segment(value: str) -> str:
+    """One path segment from user input: a '/' or '?' in a name must not change the route."""
+    return quote(value, safe="")
+
+
+# How answers are read: a model, a list of models, nothing, or the JSON as it is.
+
+
+def one(model: type[M]) -> Callable[[Any], M]:
+    """Read the body as one MODEL."""
+    return model.model_validate
+
+
+def many(model: type[M]) -> Callable[[Any], list[M]]:
+    """Read the body as a list of MODEL."""
+    return _list_adapter(model).validate_python
+
+
+@cache
+def _list_adapter(model: type[M]) -> TypeAdapter[list[M]]:
+    # Building an adapter compiles a validator: once per model, not once per call.
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
+def nothing(body: Any) -> None:
+    """Ignore the body (DELETE answers 204, or an echo nobody needs)."""
+    return None
+
+
+def as_is(body: Any) -> Any:
+    """The decoded JSON as it came, None for an empty body."""
+    return body
+
+
+# Any request ---------------------------------------------------------------------------------
+
+
+def request(
+    method: str, path: str, *, json: Any = None, params: Mapping[str, Any] | None = None
+) -> Call[Any]:
+    """Any request; the answer is the decoded JSON (None for an empty body)."""
+    return Call(method, path, as_is, params or {}, json)
+
+
+# Health and fleet summary --------------------------------------------------------------------
+
+
+def healthz() -> Call[Any]:
+    """`GET /healthz`: the process is up."""
+    return Call("GET", "/healthz", as_is)
+
+
+def status() -> Call[FleetStatus]:
+    """Counts for a fleet summary: hosts by state, GPUs, models, deployments, instances."""
+    return Call("GET", f"{API}/status", one(FleetStatus))
+
+
+# Hosts ---------------------------------------------------------------------------------------
+
+
+def list_hosts() -> Call[list[HostOut]]:
+    """Every host with its state, GPUs and latest samples."""
+    return Call("GET", f"{API}/hosts", many(HostOut))
+
+
+def get_host(name: str) -> Call[HostOut]:
+    """One host with its GPUs, latest samples and instances."""
+    return Call("GET", f"{API}/hosts/{segment(name)}", one(HostOut))
+
+
+def drain_host(name: str) -> Call[HostOut]:
+    """Stop scheduling onto host NAME and stop its instances (operator)."""
+    return Call("POST", f"{API}/hosts/{segment(name)}/drain", one(HostOut))
+
+
+def undrain_host(name: str) -> Call[HostOut]:
+    """Let host NAME take instances again (operator)."""
+    return Call("POST", f"{API}/hosts/{segment(name)}/undrain", one(HostOut))
+
+
+def remove_host(name: str) -> Call[None]:
+    """Forget host NAME and revoke its agent token (admin)."""
+    return Call("DELETE", f"{API}/hosts/{segment(name)}", nothing)
+
+
+# Models --------------------------------------------------------------------------------------
+
+
+def list_models() -> Call[list[ModelOut]]:
+    """Every model with its versions."""
+    return Call("GET", f"{API}/models", many(ModelOut))
+
+
+def get_model(name: str) -> Call[ModelOut]:
+    """One model with its versions."""
+    return Call("GET", f"{API}/models/{segment(name)}", one(ModelOut))
+
+
+def get_version(name: str, version: str) -> Call[VersionOut]:
+    """One model version with its manifest and memory plan."""
+    return Call("GET", f"{API}/models/{segment(name)}/versions/{segment(version)}", one(VersionOut))
+
+
+def register_version(
+    name: str,
+    version: str,
+    manifest: Manifest,
+    *,
+    source_uri: str,
+    line: VersionLine = "base",
+    parent: str | None = None,
+    memory_plan: MemoryPlan | None = None,
+    notes: str = "",
+) -> Call[VersionOut]:
+    """Register NAME:VERSION; the same manifest again is a no-op, a different one a 409."""
+    body: dict[str, Any] = {
+        "version": version,
+        "manifest": manifest.model_dump(mode="json"),
+        "digest": manifest.digest(),
+        "source_uri": source_uri,
+        "line": line,
+        "parent": parent,
+        "notes": notes,
+        "memory_plan": memory_plan.model_dump(mode="json") if memory_plan else None,
+    }
+    return Call("POST", f"{API}/models/{segment(name)}/versions", one(VersionOut), json=body)
+
+
+def deprecate_version(name: str, version: str) -> Call[VersionOut]:
+    """Mark NAME:VERSION deprecated: kept, but new deployments may not use it (operator)."""
+    path = f"{API}/models/{segment(name)}/versions/{segment(version)}/deprecate"
+    return Call("POST", path, one(VersionOut))
+
+
+# Deployments ---------------------------------------------------------------------------------
+
+
+def list_deployments() -> Call[list[DeploymentOut]]:
+    """Every deployment with its instances."""
+    return Call("GET", f"{API}/deployments", many(DeploymentOut))
+
+
+def get_deployment(name: str) -> Call[DeploymentOut]:
+    """One deployment with its instances."""
+    return Call("GET", f"{API}/deployments/{segment(name)}", one(DeploymentOut))
+
+
+def create_deployment(spec: DeploymentCreate) -> Call[DeploymentOut]:
+    """Create a deployment; its instances are derived per host (operator)."""
+    body = spec.model_dump(mode="json")
+    return Call("POST", f"{API}/deployments", one(DeploymentOut), json=body)
+
+
+def update_deployment(name: str, change: DeploymentUpdate) -> Call[DeploymentOut]:
+    """Change instances per host, engine config, version or placement (operator)."""
+    body = change.model_dump(mode="json", exclude_none=True)
+    return Call("PATCH", f"{API}/deployments/{segment(name)}", one(DeploymentOut), json=body)
+
+
+def delete_deployment(name: str) -> Call[None]:
+    """Delete a deployment; its agents stop its instances (operator)."""
+    return Call("DELETE", f"{API}/deployments/{segment(name)}", nothing)
+
+
+# Events --------------------------------------------------------------------------------------
+
+
+def list_events(
+    *,
+    after: int | None = None,
+    limit: int | None = None,
+    kind: str | None = None,
+    subject: str | None = None,
+) -> Call[EventPage]:
+    """Events after cursor AFTER, oldest first; without AFTER the newest LIMIT events."""
+    params = {"after": after, "limit": limit, "kind": kind, "subject": subject}
+    return Call("GET", f"{API}/events", one(EventPage), params)
+
+
+# Tokens --------------------------------------------------------------------------------------
+
+
+def create_token(spec: TokenCreate) -> Call[TokenCreated]:
+    """Create an API token (admin); the answer holds the secret, never shown again."""
+    return Call("POST", f"{API}/tokens", one(TokenCreated), json=spec.model_dump(mode="json"))
+
+
+def list_tokens(*, include_revoked: bool = False) -> Call[list[TokenOut]]:
+    """Every active token (and revoked ones when asked), never a secret (admin)."""
+    params = {"include_revoked": "true" if include_revoked else None}
+    return Call("GET", f"{API}/tokens", many(TokenOut), params)
+
+
+def revoke_token(ref: str) -> Call[TokenOut]:
+    """Revoke a token by id, or by name when one active token has it (admin)."""
+    return Call("DELETE", f"{API}/tokens/{segment(ref)}", one(TokenOut))

@@ -1,0 +1,159 @@
+"""Deployments: a model version placed on hosts, N instances per host, each on its own GPUs."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import Deployment, Host, Instance, Model
+from controlplane.services.errors import Conflict, Invalid, NotFound
+from controlplane.services.models import deployable_version
+from controlplane.services.placement import bump_generation, place_deployment
+from protocol.engine_config import ServeConfigError, validate_deployment_config
+from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement
+
+
+def list_deployments(session: Session) -> list[Deployment]:
+    """Every deployment, by name."""
+    return list(session.exec(select(Deployment).order_by(col(Deployment.name))).all())
+
+
+def get_deployment(session: Session, name: str) -> Deployment:
+    """The deployment called `name`, or NotFound."""
+    row = session.exec(select(Deployment).where(Deployment.name == name)).first()
+    if row is None:
+        raise NotFound(f"deployment {name!r}")
+    return row
+
+
+def create_deployment(
+    session: Session, now: datetime, actor: str, spec: DeploymentCreate
+) -> Deployment:
+    """Create a deployment and place its instances; refused whole when they do not fit."""
+    if session.exec(select(Deployment.id).where(Deployment.name == spec.name)).first():
+        raise Conflict(f"deployment {spec.name!r} already exists: update or delete it")
+    model, version = deployable_version(session, spec.model, spec.version)
+    _check_placement(session, spec.placement)
+    assert model.id is not None and version.id is not None
+    deployment = Deployment(
+        name=spec.name,
+        model_id=model.id,
+        stable_version_id=version.id,
+        engine_config=_engine_config(spec.engine_config),
+        placement_hosts=list(spec.placement.hosts),
+        placement_labels=dict(spec.placement.labels),
+        instances_per_host=spec.instances_per_host,
+        gpus_per_instance=spec.gpus_per_instance or None,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(deployment)
+    session.flush()
+    place_deployment(session, now, deployment)
+    record_event(
+        session,
+        now,
+        actor,
+        "deployment.created",
+        f"deployment/{spec.name}",
+        f"deployment {spec.name} created: {spec.model}:{spec.version}, "
+        f"{spec.instances_per_host} per host",
+        model=spec.model,
+        version=spec.version,
+        gpus_per_instance=deployment.gpus_per_instance,
+    )
+    return deployment
+
+
+def update_deployment(
+    session: Session, now: datetime, actor: str, name: str, change: DeploymentUpdate
+) -> Deployment:
+    """Scale, reconfigure, switch version, GPUs or placement; refused whole when it does not fit."""
+    deployment = get_deployment(session, name)
+    changes: dict[str, Any] = {}
+    if change.instances_per_host is not None:
+        deployment.instances_per_host = change.instances_per_host
+        changes["instances_per_host"] = change.instances_per_host
+    if change.gpus_per_instance is not None:
+        deployment.gpus_per_instance = change.gpus_per_instance or None
+        changes["gpus_per_instance"] = deployment.gpus_per_instance
+    if change.engine_config is not None:
+        deployment.engine_config = _engine_config(change.engine_config)
+        changes["engine_config"] = True
+    if change.version is not None:
+        model = session.get(Model, deployment.model_id)
+        assert model is not None
+        _model, version = deployable_version(session, model.name, change.version)
+        assert version.id is not None
+        deployment.stable_version_id = version.id
+        changes["version"] = change.version
+    if change.placement is not None:
+        _check_placement(session, change.placement)
+        deployment.placement_hosts = list(change.placement.hosts)
+        deployment.placement_labels = dict(change.placement.labels)
+        changes["placement"] = change.placement.model_dump()
+    if not changes:
+        raise Invalid(
+            "nothing to update: give instances_per_host, gpus_per_instance, engine_config, "
+            "version or placement"
+        )
+    deployment.updated_at = now
+    session.add(deployment)
+    session.flush()
+    place_deployment(session, now, deployment)
+    if change.engine_config is not None:
+        # A new config reaches every host of the deployment even when no instance row changed.
+        hosts = session.exec(
+            select(Instance.host_id).where(Instance.deployment_id == deployment.id)
+        ).all()
+        bump_generation(session, hosts)
+    record_event(
+        session,
+        now,
+        actor,
+        "deployment.updated",
+        f"deployment/{name}",
+        f"deployment {name} updated: {', '.join(changes)}",
+        **changes,
+    )
+    return deployment
+
+
+def delete_deployment(session: Session, now: datetime, actor: str, name: str) -> None:
+    """Delete a deployment; its agents stop its instances."""
+    deployment = get_deployment(session, name)
+    hosts = session.exec(
+        select(Instance.host_id).where(Instance.deployment_id == deployment.id)
+    ).all()
+    session.execute(delete(Instance).where(col(Instance.deployment_id) == deployment.id))
+    session.delete(deployment)
+    bump_generation(session, hosts)
+    record_event(
+        session,
+        now,
+        actor,
+        "deployment.deleted",
+        f"deployment/{name}",
+        f"deployment {name} deleted",
+    )
+
+
+def _engine_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The engine config normalised to the keys it sets, or Invalid naming the bad key."""
+    try:
+        return validate_deployment_config(data)
+    except ServeConfigError as exc:
+        raise Invalid(str(exc)) from None
+
+
+def _check_placement(session: Session, placement: Placement) -> None:
+    if not placement.hosts and not placement.labels:
+        raise Invalid("placement: name hosts or labels (e.g. {'hosts': ['gpu-1']})")
+    known = set(session.exec(select(Host.name).where(col(Host.name).in_(placement.hosts))).all())
+    missing = [h for h in placement.hosts if h not in known]
+    if missing:
+        raise Invalid(f"placement: host(s) {', '.join(missing)} not registered (`dctl host list`)")

@@ -1,0 +1,160 @@
+"""Models and their versions: register (immutable, idempotent), look up, deprecate, serve files."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import Model, ModelVersion
+from controlplane.services.errors import Conflict, Invalid, NotFound, NotLocal
+from protocol.rest import RegisterVersionRequest, split_ref
+from protocol.sources import SourceUriError, check_source_uri, local_source_dir
+
+
+def list_models(session: Session) -> list[Model]:
+    """Every model, by name."""
+    return list(session.exec(select(Model).order_by(col(Model.name))).all())
+
+
+def get_model(session: Session, name: str) -> Model:
+    """The model called `name`, or NotFound."""
+    model = session.exec(select(Model).where(Model.name == name)).first()
+    if model is None:
+        raise NotFound(f"model {name!r}")
+    return model
+
+
+def find_version(session: Session, name: str, version: str) -> tuple[Model, ModelVersion] | None:
+    """The model `name` and its version `version`, or None (one query)."""
+    row = session.exec(
+        select(Model, ModelVersion)
+        .join(ModelVersion, col(ModelVersion.model_id) == col(Model.id))
+        .where(Model.name == name, ModelVersion.version == version)
+    ).first()
+    return (row[0], row[1]) if row else None
+
+
+def get_version(session: Session, name: str, version: str) -> tuple[Model, ModelVersion]:
+    """The model `name` and its version `version`, or NotFound."""
+    found = find_version(session, name, version)
+    if found is None:
+        raise NotFound(f"model version {name}:{version}")
+    return found
+
+
+def register_version(
+    session: Session, now: datetime, actor: str, name: str, request: RegisterVersionRequest
+) -> tuple[Model, ModelVersion, bool]:
+    """Register a version; returns it and whether it is new.
+
+    The same manifest again is a no-op; a different manifest under a registered tag is a
+    Conflict: versions are immutable.
+    """
+    digest = request.manifest.digest()
+    if request.digest is not None and request.digest != digest:
+        raise Invalid(
+            f"digest {request.digest} does not match the manifest's digest {digest}: "
+            "recompute the manifest"
+        )
+    try:
+        check_source_uri(request.source_uri)
+    except SourceUriError as exc:
+        raise Invalid(str(exc)) from exc
+    existing = find_version(session, name, request.version)
+    if existing is not None:
+        model, row = existing
+        if row.digest != digest:
+            raise Conflict(
+                f"{name}:{request.version} is already registered with a different manifest "
+                f"(digest {row.digest}); versions are immutable: register a new version"
+            )
+        return model, row, False
+    parent_id = None
+    if request.parent is not None:
+        parent = find_version(session, *split_ref(request.parent))
+        if parent is None:
+            raise Invalid(f"parent {request.parent} is not registered: register it first")
+        parent_id = parent[1].id
+    model_row = session.exec(select(Model).where(Model.name == name)).first()
+    if model_row is None:
+        model_row = Model(name=name, created_at=now)
+        session.add(model_row)
+        session.flush()
+    assert model_row.id is not None
+    row = ModelVersion(
+        model_id=model_row.id,
+        version=request.version,
+        line=request.line,
+        parent_id=parent_id,
+        digest=digest,
+        manifest=[e.model_dump() for e in request.manifest.files],
+        total_bytes=request.manifest.total_bytes(),
+        memory_plan=request.memory_plan.model_dump() if request.memory_plan else None,
+        source_uri=request.source_uri,
+        notes=request.notes,
+        created_at=now,
+    )
+    session.add(row)
+    record_event(
+        session,
+        now,
+        actor,
+        "model.registered",
+        f"model/{name}:{request.version}",
+        f"registered {name}:{request.version} "
+        f"({len(request.manifest.files)} files, digest {digest[:12]})",
+        digest=digest,
+        line=request.line,
+        parent=request.parent,
+    )
+    return model_row, row, True
+
+
+def deprecate_version(
+    session: Session, now: datetime, actor: str, name: str, version: str
+) -> tuple[Model, ModelVersion]:
+    """Mark a version deprecated: it keeps serving where deployed; new deployments refuse it."""
+    model, row = get_version(session, name, version)
+    if not row.deprecated:
+        row.deprecated = True
+        session.add(row)
+        record_event(
+            session,
+            now,
+            actor,
+            "model.deprecated",
+            f"model/{name}:{version}",
+            f"{name}:{version} deprecated",
+        )
+    return model, row
+
+
+def deployable_version(session: Session, name: str, version: str) -> tuple[Model, ModelVersion]:
+    """The version a deployment may serve: registered and not deprecated, else Invalid."""
+    found = find_version(session, name, version)
+    if found is None:
+        raise Invalid(f"model version {name}:{version} is not registered: `dctl model register`")
+    if found[1].deprecated:
+        raise Invalid(f"{name}:{version} is deprecated: deploy a newer version")
+    return found
+
+
+def version_file(session: Session, name: str, version: str, path: str) -> Path:
+    """The file `path` of a version, on the control plane's disk and inside its source directory."""
+    _model, row = get_version(session, name, version)
+    if not any(entry["path"] == path for entry in row.manifest):
+        raise NotFound(f"file {path!r} in the manifest of {name}:{version}")
+    source = local_source_dir(row.source_uri)
+    if source is None:
+        raise NotLocal(
+            f"{name}:{version} lives at {row.source_uri}, not on the control plane: fetch it there"
+        )
+    root = Path(source).resolve()
+    target = (root / path).resolve()
+    # The manifest path is checked at registration; resolve() also defeats symlinks out of root.
+    if not target.is_relative_to(root) or not target.is_file():
+        raise NotFound(f"file {path!r} at the source of {name}:{version} ({root})")
+    return target

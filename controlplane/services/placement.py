@@ -1,0 +1,216 @@
+"""Placement: load what the planner reads, run it, turn its changes into instance rows.
+
+The rules live in `controlplane/planner.py`; this module only does the I/O around them: views
+from the store in a few queries, rows written from the changes, a fresh API key for every new
+instance, and the generation of every host whose desired state changed bumped.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from sqlalchemy import update
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import Deployment, Gpu, Host, Instance, Model, ModelVersion
+from controlplane.planner import (
+    Create,
+    Delete,
+    DeploymentView,
+    GpuView,
+    HostView,
+    InstanceView,
+    Plan,
+    UpdateDesiredState,
+    UpdateGpus,
+    UpdateVersion,
+    VersionView,
+    kv_reserve_tokens,
+    plan_deployment,
+    plan_fleet,
+)
+from controlplane.services.errors import Conflict, Invalid
+from protocol.wire import MemoryPlan
+
+# Engine API keys carry a prefix so a leaked one is recognisable (and greppable) as dctl's.
+INSTANCE_KEY_PREFIX = "dctl_ik_"
+
+
+def new_instance_key() -> str:
+    """A random API key for one engine instance."""
+    return INSTANCE_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def bump_generation(session: Session, host_ids: Iterable[int]) -> None:
+    """Tell these hosts their desired state changed (the next heartbeat reply carries it)."""
+    ids = sorted(set(host_ids))
+    if ids:
+        session.execute(
+            update(Host)
+            .where(col(Host.id).in_(ids))
+            .values(desired_generation=col(Host.desired_generation) + 1)
+        )
+
+
+def place_deployment(session: Session, now: datetime, deployment: Deployment) -> Plan:
+    """Plan and apply one deployment; where it does not fit, raise and write nothing.
+
+    Ports running out is a 409 (as it always was: the fleet is full); GPUs or memory that do not
+    fit are a 422 (the request asks for something impossible).
+    """
+    view = deployment_view(deployment)
+    hosts, instances = load_hosts(session), load_instances(session)
+    plan = plan_deployment(
+        view, None, hosts, instances, load_versions(session, [view.stable_version_id])
+    )
+    if plan.problems:
+        message = "; ".join(p.message for p in plan.problems)
+        if all(p.kind == "ports" for p in plan.problems):
+            raise Conflict(message)
+        raise Invalid(message)
+    apply_plan(session, plan, now)
+    return plan
+
+
+def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
+    """Plan and apply every deployment after a host changed (registered, drained, relabelled).
+
+    Where a deployment no longer fits, what fits is applied and an event says what does not:
+    the host change that caused it has happened already and is not refused.
+    """
+    views = [deployment_view(d) for d in session.exec(select(Deployment)).all()]
+    hosts = load_hosts(session)
+    plan = plan_fleet(
+        views,
+        {},  # no rollout controller yet: every instance runs its deployment's stable version
+        hosts,
+        load_instances(session),
+        load_versions(session, [v.stable_version_id for v in views]),
+    )
+    apply_plan(session, plan, now)
+    deployment_names = {v.id: v.name for v in views}
+    host_names = {h.id: h.name for h in hosts}
+    for problem in plan.problems:
+        record_event(
+            session,
+            now,
+            actor,
+            "deployment.unplaced",
+            f"deployment/{deployment_names[problem.deployment_id]}",
+            problem.message,
+            host=host_names[problem.host_id],
+            reason=problem.kind,
+        )
+    return plan
+
+
+def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
+    """Write the plan's changes to instance rows and bump the generation of their hosts."""
+    touched = {c.instance_id for c in plan.changes if not isinstance(c, Create)}
+    rows = {
+        row.id: row
+        for row in session.exec(select(Instance).where(col(Instance.id).in_(touched))).all()
+    }
+    # Deletions first and flushed: a new instance may take a port one of them frees.
+    for change in plan.changes:
+        if isinstance(change, Delete):
+            session.delete(rows[change.instance_id])
+    session.flush()
+    for change in plan.changes:
+        if isinstance(change, Create):
+            session.add(
+                Instance(
+                    deployment_id=change.deployment_id,
+                    host_id=change.host_id,
+                    version_id=change.version_id,
+                    ordinal=change.ordinal,
+                    port=change.port,
+                    gpu_indices=list(change.gpu_indices),
+                    api_key=new_instance_key(),
+                    desired_state=change.desired_state,
+                    created_at=now,
+                )
+            )
+        elif isinstance(change, UpdateVersion):
+            rows[change.instance_id].version_id = change.version_id
+        elif isinstance(change, UpdateGpus):
+            rows[change.instance_id].gpu_indices = list(change.gpu_indices)
+        elif isinstance(change, UpdateDesiredState):
+            rows[change.instance_id].desired_state = change.desired_state
+    session.flush()
+    bump_generation(session, plan.host_ids())
+
+
+# --- views of the store ------------------------------------------------------------------------
+
+
+def deployment_view(deployment: Deployment) -> DeploymentView:
+    """What the planner needs of a deployment row."""
+    assert deployment.id is not None
+    return DeploymentView(
+        id=deployment.id,
+        name=deployment.name,
+        stable_version_id=deployment.stable_version_id,
+        placement_hosts=frozenset(deployment.placement_hosts),
+        placement_labels=dict(deployment.placement_labels),
+        instances_per_host=deployment.instances_per_host,
+        gpus_per_instance=deployment.gpus_per_instance,
+        kv_reserve_tokens=kv_reserve_tokens(deployment.engine_config),
+    )
+
+
+def load_hosts(session: Session) -> list[HostView]:
+    """Every host with its GPUs (two queries)."""
+    gpus: dict[int, list[GpuView]] = {}
+    for host_id, index, memory in session.exec(
+        select(Gpu.host_id, Gpu.index, Gpu.memory_total_bytes).order_by(col(Gpu.index))
+    ).all():
+        gpus.setdefault(host_id, []).append(GpuView(index, memory))
+    hosts = session.exec(select(Host).order_by(col(Host.id))).all()
+    return [
+        HostView(
+            id=host.id,
+            name=host.name,
+            labels=dict(host.labels),
+            draining=host.draining,
+            gpus=tuple(gpus.get(host.id, [])),
+            port_range=(host.port_range_start, host.port_range_end),
+        )
+        for host in hosts
+        if host.id is not None
+    ]
+
+
+def load_instances(session: Session) -> list[InstanceView]:
+    """Every instance (one query): they all hold ports and GPUs on their hosts."""
+    return [
+        InstanceView(
+            id=row.id,
+            deployment_id=row.deployment_id,
+            host_id=row.host_id,
+            ordinal=row.ordinal,
+            port=row.port,
+            version_id=row.version_id,
+            gpu_indices=tuple(row.gpu_indices),
+            desired_state=row.desired_state,
+        )
+        for row in session.exec(select(Instance).order_by(col(Instance.id))).all()
+        if row.id is not None
+    ]
+
+
+def load_versions(session: Session, ids: Sequence[int]) -> dict[int, VersionView]:
+    """These versions' names and memory plans (one query)."""
+    rows = session.exec(
+        select(ModelVersion.id, Model.name, ModelVersion.version, ModelVersion.memory_plan)
+        .join(Model, col(Model.id) == col(ModelVersion.model_id))
+        .where(col(ModelVersion.id).in_(set(ids)))
+    ).all()
+    return {
+        vid: VersionView(f"{name}:{tag}", MemoryPlan(**plan) if plan else None)
+        for vid, name, tag, plan in rows
+        if vid is not None
+    }

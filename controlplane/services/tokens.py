@@ -1,0 +1,83 @@
+"""API tokens: mint (the secret is returned once), list, revoke."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from sqlmodel import Session, col, select
+
+from controlplane.auth import NewToken, Role, mint_token
+from controlplane.eventlog import record_event
+from controlplane.models import ApiToken, Host
+from controlplane.services.errors import Conflict, NotFound
+from protocol.rest import TokenCreate
+
+
+def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate) -> NewToken:
+    """Mint a token; the caller shows its secret once, it is never stored."""
+    expires = now + timedelta(seconds=spec.expires_in_s) if spec.expires_in_s else None
+    new = mint_token(
+        spec.name, Role(spec.role), now, expires_at=expires, uses=spec.uses, created_by=actor
+    )
+    session.add(new.row)
+    record_event(
+        session,
+        now,
+        actor,
+        "token.created",
+        f"token/{new.row.key_id}",
+        f"token {spec.name} ({spec.role}) created",
+        role=spec.role,
+        name=spec.name,
+    )
+    return new
+
+
+def list_tokens(session: Session, include_revoked: bool = False) -> list[ApiToken]:
+    """Every token, oldest first; revoked ones only when asked."""
+    query = select(ApiToken).order_by(col(ApiToken.id))
+    if not include_revoked:
+        query = query.where(col(ApiToken.revoked_at).is_(None))
+    return list(session.exec(query).all())
+
+
+def get_token(session: Session, ref: str) -> ApiToken:
+    """The token with id `ref`, else the one active token named `ref`; NotFound or Conflict."""
+    row = session.exec(select(ApiToken).where(ApiToken.key_id == ref)).first()
+    if row is not None:
+        return row
+    named = session.exec(
+        select(ApiToken).where(ApiToken.name == ref, col(ApiToken.revoked_at).is_(None))
+    ).all()
+    if len(named) > 1:
+        raise Conflict(f"{len(named)} active tokens are named {ref!r}: revoke one by its id")
+    if not named:
+        raise NotFound(f"token {ref!r}")
+    return named[0]
+
+
+def revoke_token(session: Session, now: datetime, actor: str, ref: str) -> ApiToken:
+    """Revoke a token by id or unique name (revoking it again changes nothing)."""
+    row = get_token(session, ref)
+    if row.revoked_at is None:
+        row.revoked_at = now
+        session.add(row)
+        record_event(
+            session,
+            now,
+            actor,
+            "token.revoked",
+            f"token/{row.key_id}",
+            f"token {row.name} ({row.role}) revoked",
+        )
+    return row
+
+
+def host_names(session: Session, tokens: Iterable[ApiToken]) -> dict[int, str]:
+    """Names of the hosts these (agent) tokens are bound to, by host id."""
+    ids = {t.host_id for t in tokens if t.host_id is not None}
+    if not ids:
+        return {}
+    rows = session.exec(select(Host.id, Host.name).where(col(Host.id).in_(ids))).all()
+    return {hid: name for hid, name in rows if hid is not None}

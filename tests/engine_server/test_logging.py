@@ -1,0 +1,52 @@
+"""The engine logs through the project's redacting formatters (protocol.logs): its API key never
+reaches a log line, not even in the configuration logged at start-up."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.serve import log_start
+from protocol.engine_config import load_serve_config
+from protocol.logs import configure_logging
+
+KEY = "sk-engine-3c9d2f"  # not shaped like a dctl token: only the field name gives it away
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize("fmt", ["json", "kv"])
+def test_the_start_up_line_logs_the_config_without_the_api_key(
+    fmt: str, tmp_path: Path, demo_checkpoint: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "engine.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {"model": {"path": str(demo_checkpoint)}, "service": {"api_key": KEY},
+             "logging": {"format": fmt}}
+        )
+    )  # fmt: skip
+    config = load_serve_config(path)
+    configure_logging(config.logging.level, config.logging.format)
+    log_start(config)
+    logging.getLogger("engine.server").warning("refused: Authorization: Bearer %s", KEY)
+    err = capsys.readouterr().err
+    assert KEY not in err
+    assert str(demo_checkpoint) in err  # the configuration is there, all but the key
+    if fmt == "json":
+        start = json.loads(err.splitlines()[0])
+        assert start["msg"] == "starting"
+        assert start["config"]["service"]["api_key"] == "***"
