@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -23,6 +24,7 @@ from pydantic import PrivateAttr, ValidationError
 
 from agent.http_bodies import ERROR_BODY_LIMIT, read_capped
 from agent.private_files import PrivateFileError, read_private, write_private
+from protocol.tls import client_context, verification_failure
 from protocol.wire import (
     HEARTBEAT_PATH,
     INT32_MAX,
@@ -280,14 +282,21 @@ class ControlPlaneLink:
 
     Not the operator's REST client (`client.http.ControlPlaneClient`): the agent speaks only the
     wire contract, with its own token, and maps failures to "try later" or "refused". Bodies are
-    read with a cap (error pages 4 KiB, replies 64 MiB), and redirects are not followed.
+    read with a cap (error pages 4 KiB, replies 64 MiB), and redirects are not followed. An
+    https:// control plane is verified with TLS (`protocol.tls.client_context`: the agent's CA
+    file, else the system trust store); a certificate it does not trust is "unavailable", so the
+    token is never sent to it.
     """
 
     def __init__(
-        self, url: str, timeout_s: float = 10.0, client: httpx.Client | None = None
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        client: httpx.Client | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self._http = client or httpx.Client(timeout=timeout_s)
+        self._http = client or httpx.Client(timeout=timeout_s, verify=tls or client_context())
 
     def _post(self, path: str, body: str, token: str) -> bytes:
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -304,6 +313,13 @@ class ControlPlaneLink:
                     )
                 content = read_capped(r, REPLY_LIMIT + 1)
         except httpx.HTTPError as exc:
+            refused = verification_failure(exc)
+            if refused is not None:
+                raise ControlPlaneUnavailable(
+                    f"{self.url}: its TLS certificate is not trusted ({refused.verify_message}); "
+                    "if a private CA signed it, pass that CA's certificate with --ca-file "
+                    "(setting ca_file, env DCTL_AGENT_CA_FILE)"
+                ) from exc
             raise ControlPlaneUnavailable(f"{self.url}: {exc.__class__.__name__}: {exc}") from exc
         if len(content) > REPLY_LIMIT:
             raise ControlPlaneUnavailable(

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -54,13 +55,14 @@ class Prober(Protocol):
     """Answers whether an engine endpoint returns 200."""
 
     def __call__(self, host: str, port: int, path: str) -> bool:
-        """True when GET http://HOST:PORT/PATH answers 200 in time."""
+        """True when GET http(s)://HOST:PORT/PATH answers 200 in time."""
         ...
 
 
-def engine_url(host: str, port: int, path: str) -> str:
-    """http://HOST:PORT/PATH, with an IPv6 HOST in brackets."""
-    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
+def engine_url(host: str, port: int, path: str, tls: bool = False) -> str:
+    """http(s)://HOST:PORT/PATH, with an IPv6 HOST in brackets."""
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}{path}" if ":" in host else f"{scheme}://{host}:{port}{path}"
 
 
 class ChildProcess:
@@ -145,15 +147,20 @@ class SubprocessLauncher:
 
 
 class HttpProber:
-    """Probes engine health endpoints (they need no API key) with a short timeout."""
+    """Probes engine health endpoints (they need no API key) with a short timeout.
 
-    def __init__(self, timeout_s: float = 2.0) -> None:
-        self._client = httpx.Client(timeout=timeout_s)
+    With TLS (a context trusting the engines' certificate), engines are probed over HTTPS: the
+    agent's engines all serve with the certificate the agent gives them, or none do.
+    """
+
+    def __init__(self, timeout_s: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls is not None
+        self._client = httpx.Client(timeout=timeout_s, verify=tls or True)
 
     def __call__(self, host: str, port: int, path: str) -> bool:
         """True on HTTP 200."""
         try:
-            return self._client.get(engine_url(host, port, path)).status_code == 200
+            return self._client.get(engine_url(host, port, path, self._tls)).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -163,15 +170,17 @@ class HttpProber:
 
 
 class HttpMetricsScraper:
-    """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout."""
+    """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout;
+    over HTTPS with TLS, like `HttpProber`."""
 
-    def __init__(self, timeout_s: float = 2.0) -> None:
-        self._client = httpx.Client(timeout=timeout_s)
+    def __init__(self, timeout_s: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
+        self._tls = tls is not None
+        self._client = httpx.Client(timeout=timeout_s, verify=tls or True)
 
     def __call__(self, host: str, port: int) -> str | None:
         """The exposition text, or None when the engine does not answer 200."""
         try:
-            response = self._client.get(engine_url(host, port, "/metrics"))
+            response = self._client.get(engine_url(host, port, "/metrics", self._tls))
         except httpx.HTTPError:
             return None
         return response.text if response.status_code == 200 else None

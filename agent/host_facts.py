@@ -64,8 +64,10 @@ def host_facts(
     sample: GpuSnapshot | None,
     preflight: list[PreflightCheck],
     data_dir: Path,
+    engine_tls: bool = False,
 ) -> HostFacts:
-    """Slow-changing facts about this host, with the preflight results."""
+    """Slow-changing facts about this host, with the preflight results and whether its engines
+    serve HTTPS."""
     try:
         memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -81,6 +83,7 @@ def host_facts(
         memory_bytes=memory,
         disk_free_bytes=shutil.disk_usage(data_dir).free,
         preflight=preflight,
+        engine_tls=engine_tls,
     )
 
 

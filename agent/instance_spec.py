@@ -23,7 +23,9 @@ class InstanceSpec:
     """Everything that defines one engine process; a change to any of it means a new process.
 
     `api_key` is a secret: it is left out of `repr` and of `record()` (what pid files store),
-    and reaches the engine only through its 0600 config file.
+    and reaches the engine only through its 0600 config file. `tls_cert`/`tls_key` are the paths
+    of the agent's engine certificate (None: plain HTTP); being part of the spec, turning TLS on
+    or off replaces the engines.
     """
 
     instance_id: int
@@ -36,6 +38,8 @@ class InstanceSpec:
     device: str = "auto"
     bind_address: str = "127.0.0.1"
     api_key: str | None = field(default=None, repr=False)
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
     def fingerprint(self) -> str:
         """Stable hash of the spec, to tell 'same engine' from 'replace it'.
@@ -94,6 +98,8 @@ def engine_config(spec: InstanceSpec) -> dict[str, Any]:
     service.update(host=spec.bind_address, port=spec.port)
     if spec.api_key is not None:
         service["api_key"] = spec.api_key
+    if spec.tls_cert is not None and spec.tls_key is not None:
+        service.update(tls_cert=spec.tls_cert, tls_key=spec.tls_key)
     model = config.setdefault("model", {})
     model.update(path=spec.snapshot_path, snapshot_digest=spec.digest)
     model.setdefault("served_name", spec.deployment)

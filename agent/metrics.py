@@ -87,7 +87,11 @@ class AgentMetrics:
         for result in ("ok", "error"):
             self.heartbeats.labels(result=result)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics on HOST:PORT (0 picks a free port); returns the port."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1", tls: tuple[str, str] | None = None) -> int:
+        """Serve /metrics on HOST:PORT (0 picks a free port), over HTTPS with TLS (certificate,
+        key); returns the port."""
+        certfile, keyfile = tls or (None, None)
+        server, _thread = start_http_server(
+            port, addr=host, registry=self.registry, certfile=certfile, keyfile=keyfile
+        )
         return int(server.server_address[1])

@@ -31,6 +31,7 @@ class Reconciler:
 
     CONTROL_PLANE is the URL the agent token belongs to (snapshot files are fetched only from
     there); TOKEN gives the current agent token (it changes when the agent registers again).
+    ENGINE_TLS, the agent's engine certificate and key, goes into every instance's spec.
     """
 
     def __init__(
@@ -42,12 +43,14 @@ class Reconciler:
         engine_device: str,
         control_plane: str,
         token: Callable[[], str | None],
+        engine_tls: tuple[str, str] | None = None,
     ) -> None:
         self.supervisor, self.store, self.fetcher = supervisor, store, fetcher
         self.preflight = preflight
         self.engine_device = engine_device
         self.control_plane = control_plane
         self.token = token
+        self.engine_tls = engine_tls
         # What to report for instances the supervisor does not run as desired (yet): snapshot
         # downloads, and refusals (a desired state that could not be read or applied).
         self._waiting: dict[int, tuple[InstanceState, str]] = {}
@@ -162,6 +165,8 @@ class Reconciler:
             device=self.engine_device,
             bind_address=desired.bind_address,
             api_key=desired.api_key,
+            tls_cert=self.engine_tls[0] if self.engine_tls else None,
+            tls_key=self.engine_tls[1] if self.engine_tls else None,
         )
 
     def _start_fetch(self, desired: DesiredInstance) -> None:

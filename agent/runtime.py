@@ -63,6 +63,8 @@ class AgentConfig:
     port_range: tuple[int, int] = DEFAULT_PORT_RANGE
     tick_s: float = 0.25
     stop_engines_on_exit: bool = False
+    # The certificate and key every engine serves HTTPS with; None: engines serve plain HTTP.
+    engine_tls: tuple[str, str] | None = None
 
 
 class Agent:
@@ -105,6 +107,7 @@ class Agent:
             engine_device=backend.engine_device if backend is not None else "auto",
             control_plane=link.url,
             token=lambda: self.identity.token if self.identity is not None else None,
+            engine_tls=config.engine_tls,
         )  # fmt: skip
         self._last_loop_error = ("", 0.0)
         self._last_sample: GpuSnapshot | None = None
@@ -173,7 +176,10 @@ class Agent:
 
     def facts(self, sample: GpuSnapshot | None) -> HostFacts:
         """Slow-changing facts about this host, with the preflight results."""
-        return host_facts(self.selection.kind, sample, self.preflight.checks, self.store.root)
+        return host_facts(
+            self.selection.kind, sample, self.preflight.checks, self.store.root,
+            engine_tls=self.config.engine_tls is not None,
+        )  # fmt: skip
 
     # --- heartbeat ---------------------------------------------------------------------------
 

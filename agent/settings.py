@@ -8,6 +8,11 @@ as flags: `DCTL_CONTROL_PLANE` and `DCTL_BOOTSTRAP_TOKEN` (the CLI reads them).
 
 The bootstrap token is best given as a file (`bootstrap_token_file`, 0600): a value on the
 command line is visible to every user of the host in `ps`.
+
+TLS: `ca_file` is what the control plane's certificate is verified with (default: the system
+trust store); `metrics_tls_cert`/`metrics_tls_key` make the agent's `/metrics` HTTPS, and
+`engine_tls_cert`/`engine_tls_key` go into every engine's config so engines serve HTTPS (the
+agent then probes them over HTTPS, trusting that certificate). `check_tls()` checks them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from protocol.settings import (
     LogLevel,
     SettingsError,
 )
+from protocol.tls import TlsError, check_server_files, client_context
 from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
 
 __all__ = ["ENV_PREFIX", "AgentSettings", "SettingsError", "load_agent_settings"]
@@ -73,6 +79,11 @@ class AgentSettings(FileBackedSettings):
     allow_root: bool = False
     log_level: LogLevel = "info"
     log_format: LogFormat = "kv"
+    ca_file: Path | None = Field(default=None, description="CA of the control plane's certificate")
+    metrics_tls_cert: Path | None = None
+    metrics_tls_key: Path | None = None
+    engine_tls_cert: Path | None = None
+    engine_tls_key: Path | None = None
 
     @field_validator("control_plane")
     @classmethod
@@ -84,7 +95,10 @@ class AgentSettings(FileBackedSettings):
             raise ValueError(f"{value!r} is not an http(s) URL; write e.g. http://cp:8700")
         return value.strip().rstrip("/")
 
-    @field_validator("data_dir", "bootstrap_token_file")
+    @field_validator(
+        "data_dir", "bootstrap_token_file", "ca_file", "metrics_tls_cert", "metrics_tls_key",
+        "engine_tls_cert", "engine_tls_key",
+    )  # fmt: skip
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         return None if value is None else value.expanduser().resolve()
@@ -155,6 +169,30 @@ class AgentSettings(FileBackedSettings):
         FakeBackend("1xH200").inject(value)
         return value
 
+    def check_tls(self) -> list[str]:
+        """Check the TLS settings: pairs complete, certificates and keys loadable, keys not
+        readable by every user, the CA file usable. Returns warnings; raises `SettingsError`."""
+        warnings: list[str] = []
+        for pair in ("metrics_tls", "engine_tls"):
+            cert, key = getattr(self, f"{pair}_cert"), getattr(self, f"{pair}_key")
+            if cert is None and key is None:
+                continue
+            if cert is None or key is None:
+                missing, given = ("cert", "key") if cert is None else ("key", "cert")
+                raise SettingsError(
+                    _invalid(f"{pair}_{missing}", f"{pair}_{given} is set: give both")
+                )
+            try:
+                warnings += check_server_files(cert, key)
+            except TlsError as exc:
+                raise SettingsError(_invalid(f"{pair}_cert", str(exc))) from None
+        if self.ca_file is not None:
+            try:
+                client_context(self.ca_file)
+            except TlsError as exc:
+                raise SettingsError(_invalid("ca_file", str(exc))) from None
+        return warnings
+
     def read_bootstrap_token(self) -> str | None:
         """The bootstrap token: the value if one was given, else the file's content.
 
@@ -191,7 +229,11 @@ def _describe(exc: ValidationError) -> str:
     if err["type"] == "extra_forbidden":
         known = ", ".join(AgentSettings.model_fields)
         return f"unknown setting {name!r} in the [agent] table (known: {known})"
-    message = str(err["msg"]).removeprefix("Value error, ")
+    return _invalid(name, str(err["msg"]).removeprefix("Value error, "))
+
+
+def _invalid(name: str, message: str) -> str:
+    """`invalid setting NAME (--FLAG, env DCTL_AGENT_NAME): MESSAGE`."""
     flag = _FLAG_NAMES.get(name, "--" + name.replace("_", "-"))
     return f"invalid setting {name} ({flag}, env {ENV_PREFIX}{name.upper()}): {message}"
 

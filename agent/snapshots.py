@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ import httpx
 from agent.http_bodies import error_text
 from protocol.manifest import hash_file
 from protocol.sources import local_source_dir
+from protocol.tls import client_context
 from protocol.wire import Manifest, ManifestEntry, SnapshotProgress
 
 CHUNK = 1 << 20
@@ -120,11 +122,17 @@ class SnapshotStore:
     """Verified, content-addressed weight snapshots under one directory; keeps the last N."""
 
     def __init__(
-        self, root: Path, keep: int = DEFAULT_KEEP, http: httpx.Client | None = None
+        self,
+        root: Path,
+        keep: int = DEFAULT_KEEP,
+        http: httpx.Client | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.root = root
         self.keep = keep
         self._http = http
+        # Snapshots come from the control plane only: verified like the agent's link to it.
+        self._tls = tls
         for sub in ("snapshots", "manifests", "partial"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -255,7 +263,9 @@ class SnapshotStore:
             request_headers["Range"] = f"bytes={have}-"
         if self._http is None:
             # One client for the store's lifetime: building one costs more than a small file.
-            self._http = httpx.Client(timeout=httpx.Timeout(30.0, read=300.0))
+            self._http = httpx.Client(
+                timeout=httpx.Timeout(30.0, read=300.0), verify=self._tls or client_context()
+            )
         with self._http.stream("GET", url, headers=request_headers) as response:
             if response.status_code == 200 and have:
                 # The server ignored the Range: start this file over.

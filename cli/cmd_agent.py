@@ -124,6 +124,26 @@ def agent(
     metrics_host: str = typer.Option(
         None, "--metrics-host", help="Address of /metrics [127.0.0.1]."
     ),
+    ca_file: Path = typer.Option(
+        None,
+        "--ca-file",
+        help="PEM file of the CA that signed the control plane's certificate (default: the "
+        "system trust store).",
+    ),
+    metrics_tls_cert: Path = typer.Option(
+        None, "--metrics-tls-cert", help="Serve /metrics over HTTPS with this PEM certificate."
+    ),
+    metrics_tls_key: Path = typer.Option(
+        None, "--metrics-tls-key", help="The key of --metrics-tls-cert."
+    ),
+    engine_tls_cert: Path = typer.Option(
+        None,
+        "--engine-tls-cert",
+        help="Engines serve HTTPS with this PEM certificate; it must hold the advertise address.",
+    ),
+    engine_tls_key: Path = typer.Option(
+        None, "--engine-tls-key", help="The key of --engine-tls-cert (readable by the engines)."
+    ),
     startup_grace_s: float = typer.Option(
         None, "--startup-grace-s", help="How long an engine may take to become ready [600]."
     ),
@@ -155,6 +175,11 @@ def agent(
         labels=label or None,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        ca_file=ca_file,
+        metrics_tls_cert=metrics_tls_cert,
+        metrics_tls_key=metrics_tls_key,
+        engine_tls_cert=engine_tls_cert,
+        engine_tls_key=engine_tls_key,
         startup_grace_s=startup_grace_s,
         expected_gpus=expected_gpus,
         min_driver=min_driver,
@@ -182,8 +207,11 @@ def agent(
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         token = settings.read_bootstrap_token()
+        tls_warnings = settings.check_tls()
     except SettingsError as exc:
         fail(str(exc), USAGE)
+    for warning in tls_warnings:
+        logging.getLogger("dctl.agent").warning("%s", warning)
     source = ctx.get_parameter_source("bootstrap_token")  # typer vendors click: match by name
     if source is not None and source.name == "COMMANDLINE":
         logging.getLogger("dctl.agent").warning(
@@ -222,8 +250,25 @@ def _run_agent(
     from agent.runtime import Agent, AgentConfig
     from agent.snapshots import SnapshotStore
     from agent.supervisor import Supervisor
+    from protocol.tls import TlsError, check_name, client_context
 
     log = logging.getLogger("dctl.agent")
+    if control_plane.startswith("http://") and not _loopback(control_plane):
+        log.warning(
+            "the control plane %s is plain HTTP: the agent token travels in clear; serve it "
+            "over HTTPS (dctl server --tls-cert/--tls-key) and use an https:// URL",
+            control_plane,
+        )
+    metrics_tls = _pair(settings.metrics_tls_cert, settings.metrics_tls_key)
+    engine_tls = _pair(settings.engine_tls_cert, settings.engine_tls_key)
+    if engine_tls is not None:
+        # The agent probes engines there, and the gateway reaches them there: a certificate
+        # without that name would leave every engine "not ready" with no word why.
+        try:
+            check_name(*engine_tls, advertise)
+        except TlsError as exc:
+            fail(f"engine_tls_cert (--engine-tls-cert): {exc}", USAGE)
+    control_plane_tls = client_context(settings.ca_file)  # checked with the settings
     data_dir = settings.data_dir
     try:
         # Before anything is written there: the token, engine configs and pid files live below.
@@ -241,16 +286,19 @@ def _run_agent(
     agent_metrics = AgentMetrics()
     host, port = settings.metrics_host, settings.metrics_port
     try:
-        bound = agent_metrics.serve(port, host)
+        bound = agent_metrics.serve(port, host, metrics_tls)
     except OSError as exc:
         fail(f"--metrics-port {port} on {host}: {exc.strerror}; pass a free port (0: any)")
     write_private(data_dir / "agent" / "metrics-port", f"{bound}\n")
-    log.info("agent /metrics on http://%s:%s/metrics", host, bound)
+    scheme = "https" if metrics_tls else "http"
+    log.info("agent /metrics on %s://%s:%s/metrics", scheme, host, bound)
     log.info("engines listen on (and are advertised at) %s", advertise)
+    # Engines serve the agent's own certificate: that certificate is all the probes trust.
+    engine_trust = client_context(engine_tls[0]) if engine_tls else None
     supervisor = Supervisor(
         data_dir / "agent" / "run",
         SubprocessLauncher(),
-        HttpProber(),
+        HttpProber(tls=engine_trust),
         policy=SupervisorPolicy(startup_grace_s=settings.startup_grace_s),
     )
     config = AgentConfig(
@@ -262,16 +310,17 @@ def _run_agent(
         labels=settings.labels,
         port_range=settings.ports,
         stop_engines_on_exit=settings.stop_engines_on_exit,
+        engine_tls=engine_tls,
     )
     runtime = Agent(
         config,
         selection,
         report,
-        SnapshotStore(data_dir / "snapshots"),
+        SnapshotStore(data_dir / "snapshots", tls=control_plane_tls),
         supervisor,
-        ControlPlaneLink(control_plane),
+        ControlPlaneLink(control_plane, tls=control_plane_tls),
         metrics=agent_metrics,
-        fetch_metrics=HttpMetricsScraper(),
+        fetch_metrics=HttpMetricsScraper(tls=engine_trust),
     )
     stop = threading.Event()
 
@@ -285,6 +334,22 @@ def _run_agent(
         runtime.run(stop)
     except (ControlPlaneRejected, UnusableIdentity) as exc:
         fail(str(exc))
+
+
+def _pair(cert: Path | None, key: Path | None) -> tuple[str, str] | None:
+    """(certificate, key) as paths, or None; `AgentSettings.check_tls` made sure both or none."""
+    return (str(cert), str(key)) if cert is not None and key is not None else None
+
+
+def _loopback(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _gib(value: int | None) -> str | None:

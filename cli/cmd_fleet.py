@@ -7,6 +7,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -26,7 +27,9 @@ from cli.output import (
 from cli.remote import connect, validated
 from protocol.vocabulary import CreatableRole
 
-host_app = typer.Typer(help="Hosts: list, show, drain, undrain, remove.", no_args_is_help=True)
+host_app = typer.Typer(
+    help="Hosts: list, show, drain, undrain, rekey, remove.", no_args_is_help=True
+)
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
 context_app = typer.Typer(
     help="Control planes the CLI knows (the credentials file).", no_args_is_help=True
@@ -200,6 +203,28 @@ def host_undrain(name: str, as_json: bool = JSON_OPTION) -> None:
         print(f"host {name} schedulable")
 
 
+@host_app.command("rekey")
+def host_rekey(name: str, as_json: bool = JSON_OPTION) -> None:
+    """Issue a one-use bootstrap token that registers host NAME again (admin).
+
+    For an agent that lost its data directory, or a host whose agent token must change: the
+    old agent token keeps working until an agent registers with the new one.
+    """
+    with connect() as api:
+        token = api.rekey_host(name)
+    if as_json:
+        print_json(plain(token))
+        return
+    expires = f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else ""
+    print(
+        f"one-use bootstrap token for host {name}{expires}; shown only this once. Put it in a "
+        f"0600 file on {name} and start its agent with --bootstrap-token-file FILE; when it "
+        "registers, the host's old agent token stops working:",
+        file=sys.stderr,
+    )
+    print(token.secret)
+
+
 @host_app.command("remove")
 def host_remove(
     name: str,
@@ -231,8 +256,14 @@ def parse_duration(text: str) -> int:
 def token_create(
     name: str,
     role: CreatableRole = typer.Option(..., "--role", help="What the token may do."),
-    expires: str | None = typer.Option(None, "--expires", help="Lifetime, e.g. 30m, 24h, 7d."),
-    uses: int | None = typer.Option(None, "--uses", min=1, help="Uses before it stops working."),
+    expires: str | None = typer.Option(
+        None,
+        "--expires",
+        help="Lifetime, e.g. 30m, 24h, 7d (bootstrap tokens: 24h unless given; others: none).",
+    ),
+    uses: int | None = typer.Option(
+        None, "--uses", min=1, help="Uses before it stops working (bootstrap: --uses 1 per host)."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create token NAME (admin); the secret is printed once and never again."""
@@ -245,6 +276,14 @@ def token_create(
     if as_json:
         print_json(plain(token))
         return
+    if role == "bootstrap" and uses is None:
+        # A bootstrap token registers any new host until it expires: say how to narrow it.
+        until = f"{token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else "revoked"
+        print(
+            f"note: bootstrap token {name} registers any number of new hosts until {until}; "
+            f"for one host make it single-use: `dctl token create NAME --role bootstrap --uses 1`",
+            file=sys.stderr,
+        )
     # The secret alone goes to stdout, so `SECRET=$(dctl token create ...)` just works.
     print(f"token {name} ({role}) created; its secret, shown only this once:", file=sys.stderr)
     print(token.secret)
@@ -283,7 +322,13 @@ def context_list(as_json: bool = JSON_OPTION) -> None:
     except CredentialsError as exc:
         fail(str(exc))
     rows = [
-        {"name": c.name, "url": c.url, "current": c.name == current, "token": c.token is not None}
+        {
+            "name": c.name,
+            "url": c.url,
+            "current": c.name == current,
+            "token": c.token is not None,
+            "ca_file": c.ca_file,
+        }
         for c in contexts.values()
     ]
     columns: list[Column] = [
@@ -291,8 +336,66 @@ def context_list(as_json: bool = JSON_OPTION) -> None:
         ("name", "name"),
         ("url", "url"),
         ("token", lambda r: "set" if r["token"] else "none"),
+        ("ca file", lambda r: r["ca_file"] or "system"),
     ]
     emit(rows, as_json=as_json, columns=columns, empty=f"no contexts in {store.path}")
+
+
+@context_app.command("add")
+def context_add(
+    name: str = typer.Argument(..., help="Name of the new context."),
+    url: str = typer.Option(..., "--url", help="Control-plane URL, e.g. https://cp:8700."),
+    ca_file: Path | None = typer.Option(
+        None,
+        "--ca-file",
+        help="PEM file of the CA that signed the control plane's certificate (default: the "
+        "system trust store).",
+    ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="File holding the API token, '-' for stdin (default: asked for, hidden; empty for "
+        "none).",
+    ),
+    use: bool = typer.Option(False, "--use", help="Make it the current context."),
+) -> None:
+    """Add a context: a control plane's URL, a token, and the CA its certificate is checked with."""
+    from client.credentials import CredentialsError, CredentialsFile
+    from client.errors import ClientError
+    from client.http import ControlPlaneClient
+
+    try:
+        # Builds the client to check the URL and that the CA file loads; sends nothing.
+        ControlPlaneClient(url, ca_file=ca_file).close()
+    except ClientError as exc:
+        fail(str(exc), USAGE)
+    token = _read_token(token_file)
+    try:
+        context = CredentialsFile().add(
+            url,
+            token,
+            name=name,
+            make_current=use,
+            ca_file=None if ca_file is None else str(ca_file),
+        )
+    except CredentialsError as exc:
+        fail(str(exc))
+    trust = context.ca_file or "the system trust store"
+    print(f"added context {context.name} ({context.url}, verified with {trust})")
+
+
+def _read_token(token_file: Path | None) -> str | None:
+    """The token from TOKEN_FILE ('-': stdin), else asked for without echo; None when empty."""
+    if token_file is None:
+        token = typer.prompt("token (empty: none)", default="", hide_input=True, show_default=False)
+    elif str(token_file) == "-":
+        token = sys.stdin.read()
+    else:
+        try:
+            token = token_file.read_text()
+        except OSError as exc:
+            fail(f"--token-file {token_file}: {exc.strerror or exc}", USAGE)
+    return token.strip() or None
 
 
 @context_app.command("use")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
@@ -55,12 +56,45 @@ def _database_failure(url: str, exc: Exception) -> NoReturn:
     fail(f"database {safe}: {detail}")
 
 
-def _local_url(host: str, port: int) -> str:
+def _local_host(host: str) -> str:
     # A server bound to every interface is still reached by its own CLI on loopback.
-    reach = "127.0.0.1" if host in {"0.0.0.0", "", "::"} else host
+    return "127.0.0.1" if host in {"0.0.0.0", "", "::"} else host
+
+
+def _local_url(host: str, port: int, tls: bool = False) -> str:
+    reach = _local_host(host)
     if ":" in reach:
         reach = f"[{reach}]"
-    return f"http://{reach}:{port}"
+    return f"{'https' if tls else 'http'}://{reach}:{port}"
+
+
+def _tls_files(settings: ControlPlaneSettings) -> tuple[str, str] | None:
+    """The certificate and key to serve HTTPS with, checked; None for plain HTTP.
+
+    A key file every user can read is refused (`protocol.tls.check_key_file`). Plain HTTP on an
+    address other machines reach is allowed, with a warning: tokens would travel in clear.
+    """
+    from protocol.tls import TlsError, check_server_files
+
+    cert, key = settings.tls_cert, settings.tls_key
+    if cert is None and key is None:
+        if _local_host(settings.host) not in {"127.0.0.1", "::1", "localhost"}:
+            print(
+                f"warning: serving plain HTTP on {settings.host}: tokens travel in clear; pass "
+                "--tls-cert FILE --tls-key FILE (env DCTL_TLS_CERT, DCTL_TLS_KEY)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    if cert is None or key is None:
+        fail("--tls-cert and --tls-key go together (env DCTL_TLS_CERT, DCTL_TLS_KEY)", USAGE)
+    try:
+        warnings = check_server_files(cert, key)
+    except TlsError as exc:
+        fail(f"tls_cert/tls_key (--tls-cert, --tls-key): {exc}", USAGE)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return str(cert), str(key)
 
 
 def server(
@@ -70,6 +104,12 @@ def server(
     migrate: bool = typer.Option(
         False, "--migrate", help="Upgrade the database schema before starting."
     ),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain included)."
+    ),
+    tls_key: Path | None = typer.Option(
+        None, "--tls-key", help="The certificate's private key (PEM; not readable by others)."
+    ),
 ) -> None:
     """Run the control plane (REST API, controllers); refuses a database whose schema is behind."""
     import sqlalchemy as sa
@@ -77,7 +117,8 @@ def server(
     from controlplane import migrate as migrations
     from protocol.logs import configure_logging
 
-    settings = _settings(database_url=db, host=host, port=port)
+    settings = _settings(database_url=db, host=host, port=port, tls_cert=tls_cert, tls_key=tls_key)
+    tls = _tls_files(settings)
     url = _database_url(settings)
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -104,8 +145,8 @@ def server(
         _database_failure(url, exc)
     finally:
         engine.dispose()
-    if secret is not None:
-        _announce_admin_token(secret, _local_url(settings.host, settings.port))
+    if secret is not None and not _announce_admin_token(secret, settings, tls):
+        _discard_admin_token(url, secret)
 
     config = uvicorn.Config(
         create_app(settings),
@@ -114,6 +155,8 @@ def server(
         log_config=None,  # keep dctl's structured logging (and its secret redaction)
         access_log=settings.log_level == "debug",
         server_header=False,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     runner = uvicorn.Server(config)
     runner.run(sockets=[listener])
@@ -138,20 +181,70 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _announce_admin_token(secret: str, url: str) -> None:
-    """First start: print the admin token once and add it to the credentials file."""
-    from client.credentials import CredentialsError, CredentialsFile
+def _announce_admin_token(
+    secret: str, settings: ControlPlaneSettings, tls: tuple[str, str] | None
+) -> bool:
+    """First start: add the admin token to the credentials file, and print it once on a terminal.
 
-    print(f"admin token (shown only this once): {secret}", flush=True)
+    On anything but a terminal (a service manager's journal, a redirect, CI logs) stdout is
+    kept, so the secret goes only to the 0600 credentials file, and the output says where.
+    False when the token reached nobody (not a terminal, and the file could not be written).
+
+    Over HTTPS the context trusts the served certificate file itself (a path: a certificate
+    renewed in place stays trusted), whoever signed it.
+    """
+    from client.credentials import CredentialsError, CredentialsFile
+    from protocol.tls import TlsError, check_name
+
+    url = _local_url(settings.host, settings.port, tls is not None)
+    on_terminal = sys.stdout.isatty()
+    if on_terminal:
+        print(f"admin token (shown only this once): {secret}", flush=True)
+    if tls is not None:
+        try:
+            check_name(*tls, _local_host(settings.host))
+        except TlsError as exc:
+            print(
+                f"warning: the saved context {url} will not verify: {exc}; add one with a name "
+                "the certificate holds: `dctl context add NAME --url https://NAME:PORT --ca-file "
+                "FILE`",
+                file=sys.stderr,
+                flush=True,
+            )
     store = CredentialsFile()
     try:
-        context = store.add(url, secret, name="default")
+        context = store.add(url, secret, name="default", ca_file=tls[0] if tls else None)
     except CredentialsError as exc:
         print(f"warning: could not save the admin token: {exc}", file=sys.stderr, flush=True)
-        return
+        return on_terminal
     current, _ = store.load()
     note = "" if current == context.name else f"; `dctl context use {context.name}` to use it"
-    print(f"saved as context {context.name!r} in {store.path}{note}", flush=True)
+    if on_terminal:
+        print(f"saved as context {context.name!r} in {store.path}{note}", flush=True)
+    else:
+        print(
+            f"first admin token created and saved only in {store.path} (mode 0600), as context "
+            f"{context.name!r}: stdout is not a terminal, so it is not printed{note}",
+            flush=True,
+        )
+    return True
+
+
+def _discard_admin_token(url: str, secret: str) -> NoReturn:
+    """Delete a first admin token nobody received, so the next start makes a new one."""
+    from controlplane.bootstrap import discard_admin_token
+    from controlplane.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        discard_admin_token(engine, secret)
+    finally:
+        engine.dispose()
+    fail(
+        "the first admin token could not be saved (see above) and stdout is not a terminal, "
+        "so nobody would ever see it: it was deleted. Fix the credentials file's directory "
+        "(XDG_CONFIG_HOME) or start the server on a terminal once"
+    )
 
 
 @db_app.command("upgrade")

@@ -231,14 +231,23 @@ class DemoStack:
         from agent.host_facts import default_host_name
 
         host = default_host_name()
-        bootstrap = api.create_token(
-            TokenCreate(
-                name=f"demo-agent-{secrets.token_hex(3)}",
-                role="bootstrap",
-                expires_in_s=3600,
-                uses=1,
-            )
-        ).secret
+        try:
+            api.get_host(host)
+        except ClientError as exc:
+            if exc.status != 404:
+                raise CliError(f"the control plane did not answer: {exc}") from exc
+            bootstrap = api.create_token(
+                TokenCreate(
+                    name=f"demo-agent-{secrets.token_hex(3)}",
+                    role="bootstrap",
+                    expires_in_s=3600,
+                    uses=1,
+                )
+            ).secret
+        else:
+            # Registered by an earlier run: the agent reuses its saved identity, and should it
+            # have lost it, only a re-key token (bound to this host) may register it again.
+            bootstrap = api.rekey_host(host).secret
         first, last = self._engine_ports()
         agent_args = ["agent", "--control-plane", self.url, "--data-dir",
                       str(self.data_dir / "agent"), "--name", host, "--ports", f"{first}-{last}",

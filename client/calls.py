@@ -135,6 +135,11 @@ def undrain_host(name: str) -> Call[HostOut]:
     return Call("POST", f"{API}/hosts/{segment(name)}/undrain", one(HostOut))
 
 
+def rekey_host(name: str) -> Call[TokenCreated]:
+    """A one-use bootstrap token that registers host NAME again, and only it (admin)."""
+    return Call("POST", f"{API}/hosts/{segment(name)}/rekey", one(TokenCreated))
+
+
 def remove_host(name: str) -> Call[None]:
     """Forget host NAME and revoke its agent token (admin)."""
     return Call("DELETE", f"{API}/hosts/{segment(name)}", nothing)

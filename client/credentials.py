@@ -4,13 +4,17 @@ The file is TOML (`~/.config/dctl/credentials`, mode 0600):
 
     current = "default"
     [contexts.default]
-    url = "http://127.0.0.1:8700"
+    url = "https://cp.example:8700"
     token = "dctl_..."
+    ca_file = "/etc/dctl/ca.pem"   # optional: the CA that signed the server's certificate
 
 It holds secrets a person may have edited by hand, so dctl never rewrites it wholesale: a new
 context is appended as text, `current` is the only line ever changed, every write is atomic
 (temporary file + rename) and happens under a lock so two writers cannot lose each other's
-additions. `DCTL_URL` and `DCTL_TOKEN` override whatever the file says.
+additions. `DCTL_URL`, `DCTL_TOKEN` and `DCTL_CA_FILE` override whatever the file says.
+
+Without a `ca_file`, an https:// control plane is verified against the system trust store; a
+relative `ca_file` is read from the credentials file's directory.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from protocol import paths
 URL_ENV = "DCTL_URL"
 TOKEN_ENV = "DCTL_TOKEN"
 CONTEXT_ENV = "DCTL_CONTEXT"
+CA_FILE_ENV = "DCTL_CA_FILE"
 FILE_MODE = 0o600
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
@@ -46,11 +51,13 @@ class CredentialsError(Exception):
 
 @dataclass(frozen=True)
 class Context:
-    """One control plane the CLI can talk to: where it is and which token to present."""
+    """One control plane the CLI can talk to: where it is, which token to present, and the CA
+    file its certificate is verified with (None: the system trust store)."""
 
     name: str
     url: str
     token: str | None = None
+    ca_file: str | None = None
 
 
 def credentials_file() -> Path:
@@ -125,7 +132,15 @@ class CredentialsFile:
                 raise CredentialsError(
                     f"credentials file {self.path}: [contexts.{name}] `token` must be a string"
                 )
-            contexts[name] = Context(name=name, url=entry["url"], token=token)
+            ca_file = entry.get("ca_file")
+            if ca_file is not None and not isinstance(ca_file, str):
+                raise CredentialsError(
+                    f"credentials file {self.path}: [contexts.{name}] `ca_file` must be a string"
+                )
+            if ca_file:
+                # Relative to the file, like ssh's IdentityFile: not to wherever dctl runs from.
+                ca_file = str(self.path.parent / Path(ca_file).expanduser())
+            contexts[name] = Context(name=name, url=entry["url"], token=token, ca_file=ca_file)
         return current, contexts
 
     def load(self) -> tuple[str | None, dict[str, Context]]:
@@ -180,12 +195,20 @@ class CredentialsFile:
         return current, after
 
     def add(
-        self, url: str, token: str | None, name: str = "default", make_current: bool = False
+        self,
+        url: str,
+        token: str | None,
+        name: str = "default",
+        make_current: bool = False,
+        ca_file: str | None = None,
     ) -> Context:
         """Append a context; a taken NAME gets a `-2`, `-3`... suffix. Returns what was added.
 
         The context becomes current when MAKE_CURRENT is set or when no valid context is current.
+        CA_FILE is stored as an absolute path.
         """
+        if ca_file is not None:
+            ca_file = str(Path(ca_file).expanduser().resolve())
         check_name(name)
         with self._locked():
             text = self._text()
@@ -197,6 +220,8 @@ class CredentialsFile:
             block = f"[contexts.{_toml_key(chosen)}]\nurl = {_toml_string(url)}\n"
             if token is not None:
                 block += f"token = {_toml_string(token)}\n"
+            if ca_file is not None:
+                block += f"ca_file = {_toml_string(ca_file)}\n"
             if text and not text.endswith("\n"):
                 text += "\n"
             text += ("\n" if text else "") + block
@@ -204,7 +229,7 @@ class CredentialsFile:
                 text = self._with_current(text, chosen)
             self._checked(text, before)
             self._replace(text)
-        return Context(name=chosen, url=url, token=token)
+        return Context(name=chosen, url=url, token=token, ca_file=ca_file)
 
     def use(self, name: str) -> Context:
         """Make NAME the current context."""
@@ -239,14 +264,15 @@ def resolve(
 ) -> Context:
     """The context the CLI should use: NAME, `DCTL_CONTEXT` or the current one, then env overrides.
 
-    `DCTL_URL` and `DCTL_TOKEN` beat the file, so scripts need no file at all.
+    `DCTL_URL`, `DCTL_TOKEN` and `DCTL_CA_FILE` beat the file, so scripts need no file at all.
     """
     env = os.environ if env is None else env
     env_url, env_token = env.get(URL_ENV) or None, env.get(TOKEN_ENV) or None
+    env_ca_file = env.get(CA_FILE_ENV) or None
     wanted = name or env.get(CONTEXT_ENV) or None
     store = CredentialsFile(path)
     if env_url and env_token and not wanted:
-        return Context(name="env", url=env_url, token=env_token)
+        return Context(name="env", url=env_url, token=env_token, ca_file=env_ca_file)
     current, contexts = store.load()
     chosen = wanted or current
     if wanted and wanted not in contexts:
@@ -260,8 +286,10 @@ def resolve(
             f"`dctl server` (it adds one), run `dctl context use NAME`, or set {URL_ENV} "
             f"and {TOKEN_ENV}"
         )
-    token = env_token
-    if token is None and base is not None and base.url.rstrip("/") == url.rstrip("/"):
-        # The file's token goes only to the server it was issued by, never to a DCTL_URL elsewhere.
-        token = base.token
-    return Context(name=base.name if base else "env", url=url, token=token)
+    token, ca_file = env_token, env_ca_file
+    if base is not None and base.url.rstrip("/") == url.rstrip("/"):
+        # The file's token goes only to the server it was issued by, never to a DCTL_URL elsewhere;
+        # its CA vouches for that server only, too.
+        token = base.token if token is None else token
+        ca_file = base.ca_file if ca_file is None else ca_file
+    return Context(name=base.name if base else "env", url=url, token=token, ca_file=ca_file)

@@ -15,6 +15,7 @@ import httpx
 from pydantic import ValidationError
 
 from client.calls import Call
+from protocol.tls import verification_failure
 
 T = TypeVar("T")
 
@@ -73,14 +74,36 @@ def transport_errors(base_url: str) -> Iterator[None]:
         ) from exc
     except httpx.InvalidURL as exc:
         raise ClientError(f"control plane URL {base_url!r} is not valid: {exc}") from exc
-    except httpx.TransportError as exc:
+    except httpx.ConnectError as exc:
+        refused = verification_failure(exc)
+        if refused is None:
+            raise _unreachable(base_url, exc) from exc
         raise ClientError(
-            f"cannot reach the control plane at {base_url}: {exc or type(exc).__name__}; "
-            "is it running there? (`dctl context list` shows the URL in use)"
+            f"the TLS certificate of the control plane at {base_url} is not trusted "
+            f"({refused.verify_message}): if a private CA signed it, pass that CA's certificate "
+            "with --ca-file (`dctl context add NAME --url URL --ca-file FILE`) or set "
+            "DCTL_CA_FILE; without one the system trust store is used"
         ) from exc
+    except httpx.RemoteProtocolError as exc:
+        if base_url.startswith("http://"):
+            # A TLS server hangs up on plain HTTP without a word.
+            raise ClientError(
+                f"the control plane at {base_url} closed the connection without answering; "
+                "if it serves HTTPS, use an https:// URL"
+            ) from exc
+        raise _unreachable(base_url, exc) from exc
+    except httpx.TransportError as exc:
+        raise _unreachable(base_url, exc) from exc
     except httpx.HTTPError as exc:
         # What is left (a body that cannot be decoded, too many redirects) is the server's fault.
         raise ClientError(f"control plane at {base_url}: {exc or type(exc).__name__}") from exc
+
+
+def _unreachable(base_url: str, exc: Exception) -> ClientError:
+    return ClientError(
+        f"cannot reach the control plane at {base_url}: {exc or type(exc).__name__}; "
+        "is it running there? (`dctl context list` shows the URL in use)"
+    )
 
 
 def answer(base_url: str, call: Call[T], response: httpx.Response) -> T:

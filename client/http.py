@@ -6,12 +6,17 @@ reading it from a `ControlPlaneClient` gives a method that returns the answer, f
 `AsyncControlPlaneClient` one that returns an awaitable of it. Each client has one `send()`,
 and both map every failure through `client.errors` to one `ClientError`. Tests inject an
 `httpx.BaseTransport` / `httpx.AsyncBaseTransport` (`httpx.MockTransport` is both).
+
+An https:// control plane is verified against the context's CA file, else the system trust store
+(`protocol.tls.client_context`); verification cannot be turned off.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Coroutine
 from functools import update_wrapper
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, Self, TypeVar, overload
 
@@ -21,6 +26,7 @@ from client import calls
 from client.calls import Call
 from client.credentials import Context
 from client.errors import ClientError, answer, transport_errors
+from protocol.tls import TlsError, client_context
 
 __all__ = ["AsyncControlPlaneClient", "ClientError", "ControlPlaneClient", "Endpoint"]
 
@@ -66,16 +72,17 @@ class Endpoint(Generic[P, T]):
 class _BaseClient:
     """What both clients share: the connection settings and every endpoint of `/api/v1`."""
 
-    def __init__(self, base_url: str, token: str | None) -> None:
+    def __init__(self, base_url: str, token: str | None, ca_file: str | Path | None) -> None:
         self.base_url = _checked_url(base_url)
         self._headers = {"Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
+        self._tls = _tls_context(ca_file)
 
     @classmethod
     def from_context(cls, context: Context, **kwargs: Any) -> Self:
-        """A client for a credentials context (URL + token)."""
-        return cls(context.url, context.token, **kwargs)
+        """A client for a credentials context (URL, token, CA file)."""
+        return cls(context.url, context.token, ca_file=context.ca_file, **kwargs)
 
     def send(self, call: Call[Any]) -> Any:
         """Make CALL; each client implements it over its own httpx client."""
@@ -88,6 +95,7 @@ class _BaseClient:
     get_host = Endpoint(calls.get_host)
     drain_host = Endpoint(calls.drain_host)
     undrain_host = Endpoint(calls.undrain_host)
+    rekey_host = Endpoint(calls.rekey_host)
     remove_host = Endpoint(calls.remove_host)
     list_models = Endpoint(calls.list_models)
     get_model = Endpoint(calls.get_model)
@@ -103,6 +111,13 @@ class _BaseClient:
     create_token = Endpoint(calls.create_token)
     list_tokens = Endpoint(calls.list_tokens)
     revoke_token = Endpoint(calls.revoke_token)
+
+
+def _tls_context(ca_file: str | Path | None) -> ssl.SSLContext:
+    try:
+        return client_context(ca_file)
+    except TlsError as exc:
+        raise ClientError(f"{exc} (the context's ca_file, --ca-file or DCTL_CA_FILE)") from None
 
 
 def _checked_url(url: str) -> str:
@@ -126,12 +141,17 @@ class ControlPlaneClient(_BaseClient):
         base_url: str,
         token: str | None = None,
         *,
+        ca_file: str | Path | None = None,
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, token)
+        super().__init__(base_url, token, ca_file)
         self._http = httpx.Client(
-            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=timeout,
+            transport=transport,
+            verify=self._tls,
         )
 
     def send(self, call: Call[T]) -> T:
@@ -164,12 +184,17 @@ class AsyncControlPlaneClient(_BaseClient):
         base_url: str,
         token: str | None = None,
         *,
+        ca_file: str | Path | None = None,
         timeout: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(base_url, token)
+        super().__init__(base_url, token, ca_file)
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=timeout,
+            transport=transport,
+            verify=self._tls,
         )
 
     async def send(self, call: Call[T]) -> T:

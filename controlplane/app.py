@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
 from controlplane.api import agents, deployments, events, health, hosts, models, tokens
+from controlplane.api.body_limit import RequestBodyLimit
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
@@ -23,8 +24,12 @@ from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthController, HostHealthMonitor
 from controlplane.lease import DatabaseLease, new_holder_id
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
+from controlplane.model_files import ModelFiles
 from controlplane.settings import ControlPlaneSettings
 from protocol.wire import HEARTBEAT_PATH, Heartbeat
+
+# Agents first: the heartbeat route is matched most often.
+ROUTERS = (agents, hosts, models, deployments, events, tokens, health)
 
 
 def utc_now() -> datetime:
@@ -56,7 +61,12 @@ def create_app(
         engine=engine,
         clock=clock,
         heartbeats=HeartbeatService(
-            engine, clock, token_cache, on_heartbeat=metrics.observe_heartbeat
+            engine,
+            clock,
+            token_cache,
+            on_heartbeat=metrics.observe_heartbeat,
+            interval_s=settings.heartbeat_interval_s,
+            max_per_interval=settings.heartbeat_max_per_interval,
         ),
         health=HostHealthMonitor(engine, clock),
         metrics=metrics,
@@ -92,15 +102,18 @@ def create_app(
     )
     app.state.ctx = ctx
     app.state.controllers = controllers
+    app.state.model_files = ModelFiles(settings.model_roots)
     install_error_handlers(app)
-    # Agents first: the heartbeat route is matched most often.
-    for module in (agents, hosts, models, deployments, events, tokens, health):
+    for module in ROUTERS:
         app.include_router(module.router)
     heartbeat_route = next(
         r for r in agents.router.routes if getattr(r, "path", None) == HEARTBEAT_PATH
     )
     # Inside the metrics middleware, so fast-lane heartbeats are counted like the rest.
     app.add_middleware(HeartbeatFastPath, ctx=ctx, route=heartbeat_route)
+    # Outside the heartbeat lane: no body, not even a heartbeat's, is read past its limit.
+    routes = [route for module in ROUTERS for route in module.router.routes]
+    app.add_middleware(RequestBodyLimit, ctx=ctx, routes=routes)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     _document_wire_bodies(app)
     return app

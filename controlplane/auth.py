@@ -7,6 +7,7 @@ import hmac
 import re
 import secrets
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -19,6 +20,9 @@ from protocol.vocabulary import Role
 TOKEN_PREFIX = "dctl"
 _TOKEN_RE = re.compile(r"^dctl_([a-z0-9]{12})_([A-Za-z0-9_\-]{20,128})$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# A bootstrap token minted without an expiry stops working after this: one forgotten in a
+# provisioning script or a shell history must not register hosts for ever.
+BOOTSTRAP_DEFAULT_LIFETIME = timedelta(hours=24)
 
 
 # Roles each role includes: an admin may do what an operator may, and so on.
@@ -50,6 +54,7 @@ class Principal:
     host_id: int | None
     limited_uses: bool = False
     expires_at: datetime | None = None
+    last_used_at: datetime | None = None
 
     def may(self, role: Role) -> bool:
         """True when this token's role includes `role`."""
@@ -111,10 +116,12 @@ def parse_authorization(header: str | None) -> str:
     return value.strip()
 
 
-def authenticate(session: Session, secret: str, now: datetime) -> Principal:
+def authenticate(session: Session, secret: str, now: datetime, *, touch: bool = True) -> Principal:
     """Check a secret against the store: exists, matches, not revoked, expired or used up.
 
-    Writes `last_used_at` at most once a minute so reads stay reads. The caller commits.
+    With `touch`, writes `last_used_at` when it is due (`last_used_due`: at most once a minute,
+    so reads stay reads); the caller commits. Without it this only reads, and the caller writes
+    `last_used_at` where writing is cheap (the heartbeat path, on its writer).
     """
     match = _TOKEN_RE.match(secret)
     if match is None:
@@ -130,9 +137,7 @@ def authenticate(session: Session, secret: str, now: datetime) -> Principal:
         raise AuthError(f"token {row.name!r} expired at {row.expires_at.isoformat()}")
     if row.uses_left is not None and row.uses_left <= 0:
         raise AuthError(f"token {row.name!r} has no uses left")
-    if row.last_used_at is None or now - row.last_used_at >= LAST_USED_RESOLUTION:
-        session.execute(update(ApiToken).where(col(ApiToken.id) == row.id).values(last_used_at=now))
-    return Principal(
+    principal = Principal(
         token_id=row.id,
         key_id=row.key_id,
         name=row.name,
@@ -140,7 +145,22 @@ def authenticate(session: Session, secret: str, now: datetime) -> Principal:
         host_id=row.host_id,
         limited_uses=row.uses_left is not None,
         expires_at=row.expires_at,
+        last_used_at=row.last_used_at,
     )
+    if touch and last_used_due(principal, now):
+        touch_last_used(session, principal.token_id, now)
+    return principal
+
+
+def last_used_due(principal: Principal, now: datetime) -> bool:
+    """True when the token's `last_used_at` is older than its resolution (or unset)."""
+    last = principal.last_used_at
+    return last is None or now - last >= LAST_USED_RESOLUTION
+
+
+def touch_last_used(session: Session, token_id: int, now: datetime) -> None:
+    """Record that the token was used now (inside the caller's transaction)."""
+    session.execute(update(ApiToken).where(col(ApiToken.id) == token_id).values(last_used_at=now))
 
 
 class AgentTokenCache:
@@ -151,26 +171,35 @@ class AgentTokenCache:
     same statement, that the token row is unrevoked, unexpired and bound to the host
     (`controlplane.observed_state`), so a token revoked on any replica fails its next heartbeat
     everywhere. Nothing else consults this cache: every other request authenticates against the
-    store. Entries live `ttl` (a minute) so that `authenticate` still refreshes `last_used_at` at
-    its resolution; only agent tokens bound to a host and without a uses limit are kept.
+    store. Entries live `ttl` (a minute) so that the heartbeat path still refreshes
+    `last_used_at` at its resolution; only agent tokens bound to a host and without a uses limit
+    are kept, and only after the store accepted them, so a client cannot fill the cache with
+    secrets of its own making. It holds at most `max_entries` (least recently used go first):
+    a fleet re-registering for months must not grow it without end.
     """
 
-    def __init__(self, ttl: timedelta = LAST_USED_RESOLUTION) -> None:
+    def __init__(self, ttl: timedelta = LAST_USED_RESOLUTION, max_entries: int = 50_000) -> None:
         self._ttl = ttl
-        self._entries: dict[str, tuple[str, Principal, datetime]] = {}
+        self._max_entries = max_entries
+        self._entries: OrderedDict[str, tuple[str, Principal, datetime]] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def get(self, secret: str, now: datetime) -> Principal | None:
         """The cached principal for `secret`, or None (not cached, stale, expired, mismatch)."""
         match = _TOKEN_RE.match(secret)
         if match is None:
             return None
-        entry = self._entries.get(match.group(1))
+        key_id = match.group(1)
+        entry = self._entries.get(key_id)
         if entry is None:
             return None
         digest, principal, cached_at = entry
         expires_at = principal.expires_at
         if now - cached_at >= self._ttl or (expires_at is not None and expires_at <= now):
+            self.drop_key(key_id)
             return None
         if not hmac.compare_digest(digest, hash_secret(secret)):
             return None
@@ -182,6 +211,9 @@ class AgentTokenCache:
             return
         with self._lock:
             self._entries[principal.key_id] = (hash_secret(secret), principal, now)
+            self._entries.move_to_end(principal.key_id)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
 
     def drop_key(self, key_id: str) -> None:
         """Forget one token (it was revoked, or a heartbeat's write refused it)."""
@@ -197,7 +229,13 @@ class AgentTokenCache:
 
 
 def consume_use(session: Session, token_id: int) -> bool:
-    """Spend one use of a limited token inside the caller's transaction; False when none left."""
+    """Spend one use of a limited token inside the caller's transaction; False when none left.
+
+    The decrement is conditional (`uses_left > 0`) and its row count is the answer: requests
+    that read the same `uses_left` in parallel cannot all spend the last use, since the
+    database applies the UPDATEs one after the other and re-checks the condition for each.
+    Every caller must honour a False.
+    """
     row = session.get(ApiToken, token_id)
     if row is None or row.uses_left is None:
         return row is not None

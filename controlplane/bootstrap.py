@@ -38,3 +38,29 @@ def ensure_admin_token(engine: Engine, now: datetime | None = None) -> str | Non
         )
         session.commit()
         return new.secret
+
+
+def discard_admin_token(engine: Engine, secret: str, now: datetime | None = None) -> None:
+    """Delete the first admin token when its secret reached nobody (it could not be saved).
+
+    Deleted, not revoked: `ensure_admin_token` then makes a new one on the next start, instead
+    of a control plane nobody can administer.
+    """
+    now = now or datetime.now(UTC)
+    key_id = secret.split("_")[1] if secret.count("_") >= 2 else ""
+    with Session(engine) as session:
+        row = session.exec(
+            select(ApiToken).where(ApiToken.key_id == key_id, ApiToken.role == Role.ADMIN.value)
+        ).first()
+        if row is None:
+            return
+        session.delete(row)
+        record_event(
+            session,
+            now,
+            "system:bootstrap",
+            "token.discarded",
+            f"token/{key_id}",
+            "first admin token deleted: it could not be saved, and nothing else showed it",
+        )
+        session.commit()

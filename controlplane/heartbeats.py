@@ -7,6 +7,11 @@ checks that the agent's token row is still unrevoked, unexpired and bound to thi
 token cache only spares the token lookup, and a token revoked on any replica fails its next
 heartbeat on every replica. The desired state is rebuilt (and its JSON cached) only when the
 host's generation moved.
+
+Only verified work waits for the writer: a token is checked (read only) in the shared thread
+pool and the host's rate limit (`controlplane.ratelimit`) before anything is queued there, so
+made-up tokens, other roles' tokens and hosts heartbeating too fast are answered without it.
+What the writer then does for a token besides the heartbeat is `last_used_at`, once a minute.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -21,6 +27,7 @@ from typing import Any, NoReturn, TypeVar
 
 from pydantic import TypeAdapter
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
 
 from controlplane.auth import (
     AgentTokenCache,
@@ -28,11 +35,14 @@ from controlplane.auth import (
     Role,
     TokenRefused,
     authenticate,
+    last_used_due,
     parse_authorization,
+    touch_last_used,
 )
 from controlplane.db import session_scope
 from controlplane.desired_state import desired_instances
 from controlplane.observed_state import HostMemory, ObservedStateWriter
+from controlplane.ratelimit import MAX_TRACKED_HOSTS, HeartbeatRateLimit
 from controlplane.samples import HostSampleBucket
 from controlplane.services.errors import DomainError, Forbidden
 from controlplane.services.placement import place_fleet
@@ -58,6 +68,8 @@ class UnknownHostError(DomainError):
 # each database round trip (measured: 4 beat both the shared pool and 2).
 WRITER_THREADS = {"sqlite": 1}
 DEFAULT_WRITER_THREADS = 4
+# Heartbeats a host may send per heartbeat interval, on average (see controlplane.ratelimit).
+DEFAULT_MAX_PER_INTERVAL = 4.0
 
 
 class HeartbeatService:
@@ -69,12 +81,17 @@ class HeartbeatService:
         clock: Callable[[], datetime],
         tokens: AgentTokenCache,
         on_heartbeat: Callable[[float | None], None] | None = None,
+        *,
+        interval_s: float = 5.0,
+        max_per_interval: float = DEFAULT_MAX_PER_INTERVAL,
     ) -> None:
         self._engine = engine
         self._clock = clock
         self._tokens = tokens
         self._on_heartbeat = on_heartbeat
-        self._memories: dict[int, HostMemory] = {}
+        self._limit = HeartbeatRateLimit(interval_s, max_per_interval)
+        # Least recently heartbeating hosts first; bounded like every per-host table here.
+        self._memories: OrderedDict[int, HostMemory] = OrderedDict()
         self._observed = ObservedStateWriter(engine)
         # SQLite has one writer at a time and its busy handler waits by sleeping (1, 2, 5, 10,
         # ... ms), which turns contention into long tails. Queue heartbeat writes on a lock
@@ -93,29 +110,36 @@ class HeartbeatService:
         """The whole heartbeat: the JSON of a `HeartbeatReply` for the token's host.
 
         Raises `AuthError` (no valid token: 401), `Forbidden` (not an agent token bound to a
-        host: 403), pydantic's `ValidationError` (bad body: 422), `UnknownHostError` (404) or
-        a database error. A failed heartbeat wrote nothing (its transaction rolled back), so
-        it may be run again.
+        host: 403), `HeartbeatTooSoon` (the host heartbeats too fast: 429), pydantic's
+        `ValidationError` (bad body: 422), `UnknownHostError` (404) or a database error, in
+        that order: the body is not even parsed for a caller who may not send it. A failed
+        heartbeat wrote nothing (its transaction rolled back), so it may be run again.
         """
         secret = parse_authorization(authorization)
-        principal = await self._principal(secret)
+        principal, touch = await self._principal(secret)
+        assert principal.host_id is not None  # `_principal` refuses unbound tokens
+        self._limit.admit(principal.host_id, self._clock())
         beat = Heartbeat.model_validate_json(body)
         try:
-            return await self.submit(principal, beat)
+            return await self.submit(principal, beat, touch)
         except TokenRefused:
             # The token changed in the store since it was cached: ask the store why (that
             # raises AuthError with the reason), or go on if it is valid again by now.
             self._tokens.drop_key(principal.key_id)
-            principal = await self._principal(secret)
-            return await self.submit(principal, beat)
+            principal, touch = await self._principal(secret)
+            return await self.submit(principal, beat, touch)
 
-    async def _principal(self, secret: str) -> Principal:
-        """The agent behind `secret`: cached identity, else verified in the store."""
+    async def _principal(self, secret: str) -> tuple[Principal, bool]:
+        """The agent behind `secret` (cached identity, else verified in the store), and whether
+        its `last_used_at` is due for a write."""
         now = self._clock()
         principal = self._tokens.get(secret, now)
+        touch = False
         if principal is None:
-            # On the writer: SQLite never makes it wait on a busy lock (it may write last_used).
-            principal = await self.run_on_writer(self._verify, secret, now)
+            # In the shared thread pool, reading only: a flood of made-up tokens neither
+            # waits in line for the writer nor holds up the heartbeats queued there.
+            principal = await run_in_threadpool(self._verify, secret, now)
+            touch = last_used_due(principal, now)
             self._tokens.put(secret, principal, now)
         if not principal.may(Role.AGENT):
             raise Forbidden(
@@ -124,16 +148,16 @@ class HeartbeatService:
             )
         if principal.host_id is None:
             raise Forbidden("this agent token is not bound to a host: register again")
-        return principal
+        return principal, touch
 
     def _verify(self, secret: str, now: datetime) -> Principal:
         with session_scope(self._engine) as session:
-            return authenticate(session, secret, now)
+            return authenticate(session, secret, now, touch=False)
 
-    async def submit(self, principal: Principal, beat: Heartbeat) -> bytes:
+    async def submit(self, principal: Principal, beat: Heartbeat, touch: bool = False) -> bytes:
         """`handle` off the event loop, on the heartbeat writer threads."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._writer, self.handle, principal, beat)
+        return await loop.run_in_executor(self._writer, self.handle, principal, beat, touch)
 
     async def run_on_writer(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run `fn(*args)` on the writer threads (on SQLite: in turn with heartbeat writes)."""
@@ -156,6 +180,11 @@ class HeartbeatService:
             memory = self._memories.get(host_id)
             if memory is None:
                 memory = self._memories[host_id] = HostMemory(HostSampleBucket(host_id))
+                # A host forgotten here only costs its next heartbeat a full write.
+                while len(self._memories) > MAX_TRACKED_HOSTS:
+                    self._memories.popitem(last=False)
+            else:
+                self._memories.move_to_end(host_id)
             return memory
 
     def forget(self, host_id: int) -> None:
@@ -163,11 +192,17 @@ class HeartbeatService:
         with self._lock:
             self._memories.pop(host_id, None)
 
-    def handle(self, principal: Principal, beat: Heartbeat) -> bytes:
+    def forget_host(self, host_id: int) -> None:
+        """Drop everything kept of a host: its memory and its rate limit (it was removed)."""
+        self.forget(host_id)
+        self._limit.forget(host_id)
+
+    def handle(self, principal: Principal, beat: Heartbeat, touch: bool = False) -> bytes:
         """Commit the host's last-seen time and observed state, then reply with desired state.
 
         Returns the JSON of a `HeartbeatReply`; the instance list is serialised once per
-        generation and reused, since it only changes when the generation does.
+        generation and reused, since it only changes when the generation does. With `touch`,
+        the token's `last_used_at` is written too (due once a minute).
         """
         host_id = principal.host_id
         if host_id is None:
@@ -177,6 +212,9 @@ class HeartbeatService:
         with memory.lock:
             try:
                 with self._write_lock:
+                    if touch:
+                        with session_scope(self._engine) as session:
+                            touch_last_used(session, principal.token_id, now)
                     recorded = self._observed.record(principal, host_id, beat, memory, now)
                     if recorded is not None and recorded.gpus_changed:
                         self._replan(now)
@@ -191,6 +229,7 @@ class HeartbeatService:
                 previous = memory.last_seen if recorded.sole_writer else None
                 self._on_heartbeat(None if previous is None else (now - previous).total_seconds())
             memory.last_seen = now
+            self._limit.learn_interval(host_id, recorded.interval_s)
             if memory.desired_generation != recorded.generation:
                 with self._engine.connect() as conn:
                     desired = desired_instances(conn, host_id, recorded.advertise_address)

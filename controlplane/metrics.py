@@ -19,6 +19,7 @@ from controlplane.models import Host
 from protocol.wire import HostState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class FleetCollector(Collector):
@@ -117,5 +118,7 @@ class RequestMetricsMiddleware:
         finally:
             route: Any = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(scope["method"], template, str(status["code"])).inc()
+            # The method is the client's word (some servers pass any token): bound the labels.
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.requests.labels(method, template, str(status["code"])).inc()
             self.metrics.latency.labels(template).observe(time.perf_counter() - start)

@@ -31,6 +31,8 @@ from controlplane.samples import HostSampleBucket
 from protocol.wire import GpuStatus, Heartbeat, HostState
 
 _GPU_LIST = TypeAdapter(list[GpuStatus])
+# Instances remembered per host: four heartbeats' worth at most (a host runs far fewer).
+MAX_REMEMBERED_INSTANCES = 1024
 
 
 class _Statements:
@@ -287,6 +289,10 @@ class ObservedStateWriter:
         memory: HostMemory,
         now: datetime,
     ) -> None:
+        if len(memory.observed) > MAX_REMEMBERED_INSTANCES:
+            # The ids are the agent's to report (other hosts' are ignored by the UPDATE, but
+            # remembered here): start over rather than keep every id it ever sent.
+            memory.observed.clear()
         rows = []
         for inst in beat.instances:
             observed = (

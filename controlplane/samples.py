@@ -16,6 +16,9 @@ from protocol.wire import GpuStatus, Heartbeat
 SAMPLE_BUCKET_S = 10
 GPU_SERIES = ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w")
 MAX_NAME = 128
+# Series one host may open in one bucket. An agent reports a few dozen per instance; the names
+# are the agent's to choose, so past this a new name waits for the next bucket.
+MAX_SERIES_PER_BUCKET = 4096
 
 
 @dataclass
@@ -54,12 +57,16 @@ class HostSampleBucket:
             self.bucket = bucket
             self.shared = shared
         self.last_gpus = beat.gpus
+        counters, gauges = self.counters, self.gauges
         for metrics in beat.metrics:
             for name, delta in metrics.counters.items():
                 key = (metrics.instance_id, name[:MAX_NAME])
-                self.counters[key] = self.counters.get(key, 0.0) + delta
+                if key in counters or len(counters) < MAX_SERIES_PER_BUCKET:
+                    counters[key] = counters.get(key, 0.0) + delta
             for name, value in metrics.gauges.items():
-                self.gauges[(metrics.instance_id, name[:MAX_NAME])] = value
+                gauge = (metrics.instance_id, name[:MAX_NAME])
+                if gauge in gauges or len(gauges) < MAX_SERIES_PER_BUCKET:
+                    gauges[gauge] = value
 
     def _flush(self, conn: Connection, now: datetime) -> None:
         bucket_time = datetime.fromtimestamp(self.bucket * SAMPLE_BUCKET_S, tz=now.tzinfo)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, ValidationError
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from protocol import paths
 from protocol.settings import (
@@ -31,11 +32,37 @@ class ControlPlaneSettings(FileBackedSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8700, ge=1, le=65535)
     heartbeat_interval_s: float = Field(default=5.0, gt=0, le=300)
+    # Heartbeats a host may send per interval on average (bursts of 60 pass); faster is
+    # answered 429 before it reaches the writer. Agents send one (and one per state change).
+    heartbeat_max_per_interval: float = Field(default=4.0, gt=0)
     # How long the replica running the controllers holds their lease per renewal: another
     # replica takes over within about this long after the holder dies.
     lease_s: float = Field(default=5.0, ge=0.5, le=300)
     log_level: LogLevel = "info"
     log_format: LogFormat = "kv"
+    # Serve HTTPS with this certificate (PEM, chain included) and key; both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Directories local model sources must lie in (empty: anywhere). The file route serves only
+    # files whose content matches the manifest either way; the roots also bound *where* from.
+    model_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+
+    @field_validator("model_roots", mode="before")
+    @classmethod
+    def _roots_from_text(cls, value: Any) -> Any:
+        # The env var is a PATH-style list (`DCTL_MODEL_ROOTS=/srv/models:/data/ckpt`).
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(os.pathsep) if item.strip())
+        return value
+
+    @field_validator("model_roots")
+    @classmethod
+    def _absolute_roots(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
+        for root in value:
+            if not root.is_absolute():
+                raise ValueError(f"{str(root)!r} is not an absolute directory")
+        # Canonical, so `dctl model register` (which sends resolved paths) matches them.
+        return tuple(root.resolve() for root in value)
 
     def resolved_database_url(self) -> str:
         """The database URL; by default a SQLite file under the data directory."""

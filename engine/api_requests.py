@@ -1,7 +1,8 @@
 """From an OpenAI request body to engine inputs: prompt token ids and SamplingParams.
 
 Everything here either produces what the engine needs or raises an `ApiError` 400 that names
-the field to fix, so the route handlers stay about HTTP.
+the field to fix, so the route handlers stay about HTTP. Sizes are counted before any work: the
+number of prompts and the length of their text are refused before a single token is made.
 """
 
 from __future__ import annotations
@@ -20,6 +21,24 @@ from protocol.openai import ApiError, BaseRequest, ChatCompletionRequest
 # gets the room left in the context, capped here.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 CHAT_DEFAULT_MAX_TOKENS = 256
+# A token covers at most `Tokenizer.max_token_chars` characters of normalized text; a normalizer
+# can fold a few code points into one (NFC/NFKC), so the bound on the text sent keeps this margin.
+NORMALIZER_HEADROOM = 4
+
+
+def text_budget(max_seq_len: int, max_token_chars: int) -> int:
+    """The most characters of text that can fit in a context of `max_seq_len` tokens."""
+    return max_seq_len * max(1, max_token_chars) * NORMALIZER_HEADROOM
+
+
+def _too_much_text(param: str, chars: int, budget: int, max_seq_len: int) -> ApiError:
+    return ApiError(
+        400,
+        f"{param} has {chars} characters; at most {budget} can fit in this server's context "
+        f"of {max_seq_len} tokens; shorten it",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def parse_body(raw: bytes, schema: type[BaseRequest]) -> Any:
@@ -107,15 +126,58 @@ def check_request(
         )
 
 
+def check_prompt_sizes(
+    prompt: Any, *, max_prompts: int, max_seq_len: int, max_token_chars: int
+) -> None:
+    """Refuse, before tokenizing, too many prompts or a prompt that cannot fit the context."""
+    if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
+        prompts = [prompt]
+    elif not prompt:
+        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+    else:
+        prompts = prompt
+    if len(prompts) > max_prompts:
+        # More prompts than batch slots would be refused as "queue full" forever.
+        raise ApiError(
+            400,
+            f"at most {max_prompts} prompts per request, got {len(prompts)}",
+            param="prompt",
+            code="invalid_value",
+        )
+    budget = text_budget(max_seq_len, max_token_chars)
+    for p in prompts:
+        if isinstance(p, str) and len(p) > budget:
+            raise _too_much_text("prompt", len(p), budget, max_seq_len)
+        if isinstance(p, list) and len(p) > max_seq_len:
+            raise ApiError(
+                400,
+                f"prompt has {len(p)} token ids; the context holds {max_seq_len}",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+
+
 def completion_prompts(prompt: Any, tokenizer: Any) -> list[list[int]]:
-    """Token ids of each prompt: a string, token ids, or a list of either."""
+    """Token ids of each prompt: a string, token ids, or a list of either (sizes checked)."""
     if isinstance(prompt, str):
         return [tokenizer.encode(prompt)]
-    if not prompt:
-        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
     if all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     return [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def check_chat_size(body: ChatCompletionRequest, *, max_seq_len: int, max_token_chars: int) -> None:
+    """Refuse, before rendering, a conversation whose text cannot fit the context."""
+    budget = text_budget(max_seq_len, max_token_chars)
+    chars = 0
+    for message in body.messages:
+        content = message.content
+        if isinstance(content, str):
+            chars += len(content)
+        elif content is not None:
+            chars += sum(len(part.text) for part in content)
+        if chars > budget:
+            raise _too_much_text("messages", chars, budget, max_seq_len)
 
 
 def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> list[int]:
@@ -132,8 +194,9 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> 
         for m in body.messages
     ]
     try:
-        text = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, enable_thinking=thinking
+        # Markers the template writes are special tokens; the same strings in content are text.
+        return list(
+            tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
         )
     except Exception as exc:  # the template's own raise_exception() or a rendering error
         raise ApiError(
@@ -142,7 +205,6 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> 
             param="messages",
             code="invalid_value",
         ) from None
-    return list(tokenizer.encode(text))
 
 
 def chat_max_tokens(

@@ -100,7 +100,7 @@ class LLM:
         else:
             per_prompt = list(params)
         prompts: list[Prompt] = [
-            self.tokenizer.apply_chat_template(conv, enable_thinking=p.thinking)
+            self.tokenizer.encode_chat(conv, enable_thinking=p.thinking)
             for conv, p in zip(conversations, per_prompt, strict=True)
         ]
         return self.generate(prompts, per_prompt)

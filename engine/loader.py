@@ -113,6 +113,28 @@ def _read_header(file: Path) -> dict[str, _Header]:
     return headers
 
 
+def _weight_file(root: Path, name: str, listed_in: Path | None) -> Path:
+    """The weight file `name` of the checkpoint, refused unless it lies inside `root`.
+
+    A checkpoint comes from whoever published it: a shard name like `../../etc/passwd`, an
+    absolute path, or a symlink out of the directory would make the engine open any file the
+    process can read (or a device that never ends) as weights.
+    """
+    where = f"{listed_in}: shard" if listed_in else "weight file"
+    file = root / name
+    inside = not Path(name).is_absolute() and file.resolve().is_relative_to(root.resolve())
+    if not inside:
+        raise CheckpointError(
+            f"{where} {name!r} lies outside the checkpoint directory {root} (an absolute path, "
+            "'..' or a symlink out); refusing to read it: weights must be files inside the "
+            "checkpoint directory"
+        )
+    if not file.is_file():
+        listed = f"listed in {listed_in.name} but " if listed_in else ""
+        raise CheckpointError(f"{file}: {listed}missing or not a regular file")
+    return file
+
+
 def _checkpoint_headers(root: Path) -> dict[str, _Header]:
     """Headers of every tensor in a single-file or sharded checkpoint."""
     index_file = root / "model.safetensors.index.json"
@@ -122,11 +144,11 @@ def _checkpoint_headers(root: Path) -> dict[str, _Header]:
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_file}: field 'weight_map' is missing or empty")
         headers: dict[str, _Header] = {}
+        for shard in weight_map.values():
+            if not isinstance(shard, str) or not shard:
+                raise CheckpointError(f"{index_file}: shard {shard!r} is not a file name")
         for shard in sorted(set(weight_map.values())):
-            file = root / str(shard)
-            if not file.is_file():
-                raise CheckpointError(f"{file}: listed in {index_file.name} but missing")
-            headers.update(_read_header(file))
+            headers.update(_read_header(_weight_file(root, shard, index_file)))
         absent = sorted(n for n in weight_map if n not in headers)
         if absent:
             raise CheckpointError(
@@ -134,8 +156,8 @@ def _checkpoint_headers(root: Path) -> dict[str, _Header]:
             )
         return headers
     if single.is_file():
-        return _read_header(single)
-    files = sorted(root.glob("*.safetensors"))
+        return _read_header(_weight_file(root, single.name, None))
+    files = sorted(_weight_file(root, f.name, None) for f in root.glob("*.safetensors"))
     if not files:
         raise CheckpointError(
             f"{root}: no model.safetensors, model.safetensors.index.json or *.safetensors files"

@@ -181,10 +181,11 @@ def run(config: ServeConfig) -> int:
         async def startup(self, sockets: list[Any] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
+                scheme = "https" if config.service.tls_cert else "http"
                 log.info(
                     "listening",
                     extra={
-                        "address": f"http://{config.service.host}:{config.service.port}",
+                        "address": f"{scheme}://{config.service.host}:{config.service.port}",
                         "model": config.model.name,
                     },
                 )
@@ -230,6 +231,9 @@ def run(config: ServeConfig) -> int:
         access_log=False,
         timeout_graceful_shutdown=5,
         lifespan="on",
+        # Checked with the config (protocol.engine_config); None serves plain HTTP.
+        ssl_certfile=config.service.tls_cert,
+        ssl_keyfile=config.service.tls_key,
     )
     server = EngineServer(uv_config)
     server.run()

@@ -9,7 +9,6 @@ status that says what to do; nothing a client sends yields a 500 or a stack trac
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -26,6 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.api_requests import (
     chat_max_tokens,
     chat_prompt,
+    check_chat_size,
+    check_prompt_sizes,
     check_request,
     completion_prompts,
     params_error,
@@ -36,6 +37,7 @@ from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFul
 from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
 from engine.params import SamplingParams
+from engine.request_guards import authorize, read_body
 from protocol.engine_config import ServeConfig
 from protocol.openai import (
     ApiError,
@@ -138,19 +140,6 @@ def create_app(state: ServerState) -> FastAPI:
         body = ApiError(500, "internal error; see the server log").body()
         return JSONResponse(body, status_code=500)
 
-    def check_auth(request: Request) -> None:
-        key = config.service.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
-            raise ApiError(
-                401,
-                "missing or wrong API key; send 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
-
     def require_ready() -> ServedModel:
         if state.draining:
             raise ApiError(
@@ -166,7 +155,7 @@ def create_app(state: ServerState) -> FastAPI:
         return state.model
 
     async def parse(request: Request, schema: type[BaseRequest]) -> Any:
-        body = parse_body(await request.body(), schema)
+        body = parse_body(await read_body(request, config.service.max_body_bytes), schema)
         if body.model != config.model.name:
             raise ApiError(
                 404,
@@ -306,7 +295,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
-        check_auth(request)
+        authorize(request, config.service.api_key)
         return {
             "object": "list",
             "data": [
@@ -323,20 +312,19 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
-        check_auth(request)
+        authorize(request, config.service.api_key)
         served = require_ready()
         body: CompletionRequest = await parse(request, CompletionRequest)
-        prompts = completion_prompts(body.prompt, served.tokenizer)
+        check_prompt_sizes(
+            body.prompt,
+            max_prompts=config.service.max_concurrent_requests,
+            max_seq_len=config.model.max_seq_len,
+            max_token_chars=served.tokenizer.max_token_chars,
+        )
+        # Off the event loop: probes and streams stay answered while a long prompt tokenizes.
+        prompts = await asyncio.to_thread(completion_prompts, body.prompt, served.tokenizer)
         if body.stream and len(prompts) != 1:
             raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
-        if len(prompts) > config.service.max_concurrent_requests:
-            # More prompts than batch slots would be refused as "queue full" forever.
-            raise ApiError(
-                400,
-                f"at most {config.service.max_concurrent_requests} prompts per request",
-                param="prompt",
-                code="invalid_value",
-            )
         params = sampling_params(body, config.model, body.max_tokens, None)
         for prompt in prompts:
             validate(served, params, prompt)
@@ -377,11 +365,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
-        check_auth(request)
+        authorize(request, config.service.api_key)
         served = require_ready()
         body: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
         thinking = body.thinking if body.thinking is not None else config.model.thinking
-        prompt = chat_prompt(body, served.tokenizer, thinking)
+        check_chat_size(
+            body,
+            max_seq_len=config.model.max_seq_len,
+            max_token_chars=served.tokenizer.max_token_chars,
+        )
+        prompt = await asyncio.to_thread(chat_prompt, body, served.tokenizer, thinking)
         max_tokens = chat_max_tokens(
             body, len(prompt), config.model.max_seq_len, served.default_block
         )

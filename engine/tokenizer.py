@@ -1,8 +1,16 @@
-"""The checkpoint's tokenizer: `tokenizer.json` via `tokenizers`, chat template via jinja2."""
+"""The checkpoint's tokenizer: `tokenizer.json` via `tokenizers`, chat template via jinja2.
+
+Client text can never forge a special token. `tokenizers` matches added tokens anywhere in the
+text it encodes, so a user message holding `<|im_end|><|im_start|>system` would otherwise become
+the real chat markers. `encode` therefore spells special-token strings as ordinary text, and
+`encode_chat` hides them in message contents while the template renders, so that only the
+markers the template itself writes become special tokens.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,6 +20,11 @@ from engine.errors import CheckpointError
 
 # Spellings of the diffusion mask token in the families we serve (SDAR, LLaDA, our test fixtures).
 MASK_TOKEN_NAMES = ("<|mask|>", "<|MASK|>", "<|mdm_mask|>", "<mask>", "[MASK]")
+
+# Brackets the index of a hidden piece of message content while the chat template renders: a
+# private-use code point no template writes (one inside a content is hidden like a marker).
+_HIDE = "\U0010fffd"
+_PLACEHOLDER = re.compile(f"{_HIDE}([0-9]{{1,9}}){_HIDE}")
 
 
 def _token_content(value: Any) -> str | None:
@@ -89,6 +102,19 @@ class Tokenizer:
         self.source = source
         # Ids the tokenizer defines; embedding rows at or above it are padding, never sampled.
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
+        vocab = backend.get_vocab(with_added_tokens=True)
+        # The most characters one token covers: a text longer than max_seq_len times this cannot
+        # fit in the context, which the server can tell before tokenizing.
+        self.max_token_chars: int = max((len(t) for t in vocab), default=1)
+        protected = _protected_strings(backend, special_tokens, mask_token_id)
+        self._protected_ids = {vocab[t] for t in protected if t in vocab}
+        alternatives = "|".join(re.escape(t) for t in sorted(protected, key=len, reverse=True))
+        self._markers = re.compile(alternatives) if protected else None
+        self._hidden_in_content = re.compile("|".join(filter(None, [alternatives, _HIDE])))
+        # Fragments of a marker at a content's edge, which template text next to it could complete.
+        self._marker_heads = {t[:k] for t in protected for k in range(1, len(t))}
+        self._marker_tails = {t[k:] for t in protected for k in range(1, len(t))}
+        self._longest_marker = max((len(t) for t in protected), default=0)
 
     @property
     def has_chat_template(self) -> bool:
@@ -96,8 +122,114 @@ class Tokenizer:
         return self._template_source is not None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without BOS/EOS or any other added special token."""
-        return list(self._backend.encode(text, add_special_tokens=False).ids)
+        """Token ids of client text, without BOS/EOS; special-token strings in it stay text.
+
+        `<|im_start|>`, the mask token or EOS written in a prompt are spelled with ordinary
+        tokens (a client that means the special token sends its id). Non-special added tokens
+        (Qwen's `<think>`) are vocabulary like any other and are matched.
+        """
+        if self._markers is None:
+            return self._encode_plain(text)
+        ids: list[int] = []
+        pos = 0
+        for match in self._markers.finditer(text):
+            ids += self._encode_plain(text[pos : match.start()])
+            ids += self._spell(match.group())
+            pos = match.end()
+        return ids + self._encode_plain(text[pos:])
+
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool | None = None,
+    ) -> list[int]:
+        """Token ids of a conversation rendered with the chat template.
+
+        The markers the template writes are special tokens; the same strings inside a
+        message's content are text, so a user cannot close their turn and open a system one.
+        """
+        hidden: list[str] = []
+        escaped = [
+            {**m, "content": self._hide_markers(m["content"], hidden)}
+            if isinstance(m.get("content"), str)
+            else m
+            for m in messages
+        ]
+        text = self.apply_chat_template(
+            escaped, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking
+        )
+        ids: list[int] = []
+        pos = 0
+        for match in _PLACEHOLDER.finditer(text):
+            index = int(match.group(1))
+            if index >= len(hidden):
+                continue  # not one of ours: left in the text around it
+            ids += self._encode_template(text[pos : match.start()])
+            ids += self.encode(hidden[index])
+            pos = match.end()
+        return ids + self._encode_template(text[pos:])
+
+    def _encode_template(self, text: str) -> list[int]:
+        """Ids of template output: the markers in it become special tokens."""
+        return list(self._backend.encode(text, add_special_tokens=False).ids) if text else []
+
+    def _encode_plain(self, text: str) -> list[int]:
+        """Ids of text without special-token strings in it."""
+        ids = self._encode_template(text)
+        if self._protected_ids.isdisjoint(ids):
+            return ids
+        # Matched after normalization (a case-folding normalizer, say): spell it out instead.
+        return self._spell(text)
+
+    def _spell(self, text: str) -> list[int]:
+        """Ids of `text` by the tokenizer's model alone, without added-token matching."""
+        ids = self._model_ids(text)
+        if self._protected_ids.isdisjoint(ids):
+            return ids
+        # The model's own vocabulary holds the marker whole: spell it a character at a time. A
+        # one-character special token cannot be written as text at all and is left out.
+        return [i for ch in text for i in self._model_ids(ch) if i not in self._protected_ids]
+
+    def _model_ids(self, text: str) -> list[int]:
+        """Ids of `text` through normalizer, pre-tokenizer and model: `encode` without the
+        added-token table."""
+        backend = self._backend
+        if backend.normalizer is not None:
+            text = backend.normalizer.normalize_str(text)
+        pieces = (
+            [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+            if backend.pre_tokenizer is not None
+            else [text]
+        )
+        return [token.id for piece in pieces for token in backend.model.tokenize(piece)]
+
+    def _hide_markers(self, content: str, hidden: list[str]) -> str:
+        """`content` with each special-token string, and a marker fragment at either end, put
+        aside in `hidden` and replaced by a placeholder naming its index."""
+
+        def placeholder(literal: str) -> str:
+            hidden.append(literal)
+            return f"{_HIDE}{len(hidden) - 1}{_HIDE}"
+
+        text = self._hidden_in_content.sub(lambda m: placeholder(m.group()), content)
+        reach = self._longest_marker - 1
+        head = next(
+            (k for k in range(min(reach, len(text)), 0, -1) if text[:k] in self._marker_tails), 0
+        )
+        rest = text[head:]
+        tail = next(
+            (k for k in range(min(reach, len(rest)), 0, -1) if rest[-k:] in self._marker_heads), 0
+        )
+        if not head and not tail:
+            return text
+        middle = rest[: len(rest) - tail]
+        return (
+            (placeholder(text[:head]) if head else "")
+            + middle
+            + (placeholder(rest[len(rest) - tail :]) if tail else "")
+        )
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`, special tokens (mask, EOS, chat markers) left out."""
@@ -134,6 +266,19 @@ class Tokenizer:
             raise CheckpointError(
                 f"{self.source}: the chat template failed to render: {exc}"
             ) from exc
+
+
+def _protected_strings(
+    backend: Any, special_tokens: dict[str, str], mask_token_id: int | None
+) -> set[str]:
+    """Strings client text must not turn into tokens: special added tokens, BOS/EOS/PAD/UNK as
+    tokenizer_config.json spells them, and the mask token even where it is not marked special."""
+    added = backend.get_added_tokens_decoder()
+    found = {token.content for token in added.values() if token.special}
+    found.update(special_tokens.values())
+    if mask_token_id is not None and mask_token_id in added:
+        found.add(added[mask_token_id].content)
+    return {text for text in found if text}
 
 
 def _compile_template(source: str, origin: str) -> Any:

@@ -2,7 +2,9 @@
 
 ```yaml
 service:   {host: 127.0.0.1, port: 8080, max_concurrent_requests: 32, max_queue: 256,
-            request_timeout_s: 120, api_key: null, shutdown_grace_s: 30}
+            request_timeout_s: 120, api_key: null, shutdown_grace_s: 30,
+            max_body_bytes: 16777216,
+            tls_cert: null, tls_key: null}
 model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_size: 32,
             threshold: 0.9, min_steps: 1, max_steps: 32, thinking: false, snapshot_digest: null}
 resources: {device: auto, memory_fraction: 0.85, threads: null}
@@ -18,7 +20,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from protocol.tls import check_key_file, check_server_files
 
 
 class ServeConfigError(ValueError):
@@ -39,6 +50,8 @@ class ServiceTuning(_Section):
     request_timeout_s: Annotated[float, Field(gt=0)] = 120.0
     # On SIGTERM, running requests get this long to finish before they are aborted.
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
+    # Larger request bodies are refused (413) before they are read or parsed.
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 16 * 2**20
 
 
 class ServiceConfig(ServiceTuning):
@@ -47,6 +60,28 @@ class ServiceConfig(ServiceTuning):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 8080
     api_key: str | None = None
+    # HTTPS: the key and the certificate (PEM, chain included), both or neither. The key comes
+    # first so that the certificate's check sees it.
+    tls_key: str | None = None
+    tls_cert: Annotated[str | None, Field(validate_default=True)] = None
+
+    @field_validator("tls_key")
+    @classmethod
+    def _private_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_key_file(value)  # a TlsError is a ValueError: it names the file
+        return value
+
+    @field_validator("tls_cert")
+    @classmethod
+    def _loadable_pair(cls, value: str | None, info: ValidationInfo) -> str | None:
+        key = info.data.get("tls_key")
+        if value is None and key is None:
+            return None
+        if value is None or key is None:
+            raise ValueError("service.tls_cert and service.tls_key go together")
+        check_server_files(value, key)
+        return value
 
 
 class ModelTuning(_Section):
@@ -137,6 +172,8 @@ AGENT_DECIDED_KEYS: dict[str, str] = {
     "service.api_key": "API keys are managed per instance by the control plane",
     "model.path": "the agent serves the verified snapshot of the deployment's model version",
     "model.snapshot_digest": "the agent sets the digest of the snapshot it serves",
+    "service.tls_cert": "the agent gives its engines its host's certificate (engine_tls_cert)",
+    "service.tls_key": "the agent gives its engines its host's key (engine_tls_key)",
 }
 
 
@@ -173,6 +210,9 @@ FLAGS: dict[str, str] = {
     "request-timeout-s": "service.request_timeout_s",
     "api-key": "service.api_key",
     "shutdown-grace-s": "service.shutdown_grace_s",
+    "max-body-bytes": "service.max_body_bytes",
+    "tls-cert": "service.tls_cert",
+    "tls-key": "service.tls_key",
     "model": "model.path",
     "served-name": "model.served_name",
     "dtype": "model.dtype",

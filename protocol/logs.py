@@ -112,7 +112,9 @@ def configure_logging(level: str = "info", fmt: str = "kv", stream: TextIO | Non
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     # uvicorn may have given its loggers handlers of its own (its default log config): those
-    # would print a second, unredacted copy of every line.
+    # would print a second, unredacted copy of every line. Its levels go too: LEVEL decides.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).handlers[:] = []
-        logging.getLogger(name).propagate = True
+        logger = logging.getLogger(name)
+        logger.handlers[:] = []
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)

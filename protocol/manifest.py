@@ -14,6 +14,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from pydantic import ValidationError
 
@@ -30,12 +31,17 @@ class ManifestError(Exception):
 
 def hash_file(path: Path) -> tuple[int, str]:
     """(size, sha256 hex) of the file at PATH, read as a stream: the one file hash of dctl."""
+    with path.open("rb") as handle:
+        return hash_stream(handle)
+
+
+def hash_stream(handle: BinaryIO) -> tuple[int, str]:
+    """(size, sha256 hex) of what HANDLE reads from where it stands to its end, in chunks."""
     digest = hashlib.sha256()
     size = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
+    while chunk := handle.read(_CHUNK):
+        digest.update(chunk)
+        size += len(chunk)
     return size, digest.hexdigest()
 
 

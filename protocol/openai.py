@@ -4,6 +4,10 @@ Requests are strict: an unknown field, or a standard OpenAI field set to somethi
 cannot honour (logprobs, n > 1, penalties...), is a 400 naming the field rather than being
 silently ignored. The diffusion knobs (`block_size`, `threshold`, `steps`, `min_steps`,
 `max_steps`, `thinking`, `top_k`) are accepted as extra body fields.
+
+Every list and string a client sends is bounded here, while parsing, so that no request makes the
+server tokenize, render or search without limit; the server adds the limits its configuration
+sets (body size, prompts per request, text that fits the context) before any work.
 """
 
 from __future__ import annotations
@@ -12,7 +16,26 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+# Size limits of the wire format (each a 400 naming the field). Stop strings are searched for in
+# the generated text at every step, so both their number and their length cost per token.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 256
+MAX_NAME_CHARS = 256  # `model`, `user`
+
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
 
 # Standard fields we accept only at their neutral value: (field, neutral values).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -40,6 +63,7 @@ class ApiError(Exception):
         400: "invalid_request_error",
         401: "authentication_error",
         404: "not_found_error",
+        413: "invalid_request_error",
         429: "rate_limit_error",
         503: "service_unavailable",
         504: "timeout_error",
@@ -69,6 +93,7 @@ class ApiError(Exception):
         return {
             400: "invalid_request",
             401: "unauthorized",
+            413: "invalid_request",
             429: "queue_full",
             503: "not_ready",
             504: "timeout",
@@ -98,7 +123,7 @@ class BaseRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: Name
     max_tokens: StrictInt | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -107,7 +132,7 @@ class BaseRequest(BaseModel):
     seed: StrictInt | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Name | None = None
     # Diffusion knobs (extra_body in the openai client).
     block_size: StrictInt | None = None
     threshold: float | None = None
@@ -130,6 +155,16 @@ class BaseRequest(BaseModel):
                 if value not in allowed:
                     raise ValueError(f"{name}={value!r} is not supported by this engine")
         return self
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(len(stop) > MAX_STOP_CHARS for stop in stops):
+            raise ValueError(f"a stop string has at most {MAX_STOP_CHARS} characters")
+        return value
 
 
 class CompletionRequest(BaseRequest):
@@ -156,6 +191,14 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
+    @model_validator(mode="after")
+    def _bounded_parts(self) -> ChatMessage:
+        if isinstance(self.content, list) and len(self.content) > MAX_CONTENT_PARTS:
+            raise ValueError(
+                f"content has {len(self.content)} parts; at most {MAX_CONTENT_PARTS} per message"
+            )
+        return self
+
     def text(self) -> str:
         """The content as one string (text parts joined)."""
         if self.content is None:
@@ -175,7 +218,7 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(BaseRequest):
     """`POST /v1/chat/completions`."""
 
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: StrictInt | None = None
     thinking: StrictBool | None = None
     response_format: ResponseFormat | None = None

@@ -166,7 +166,9 @@ class MemoryPlan(WireModel):
 
 
 class RegisterRequest(WireModel):
-    """Sent once with a bootstrap token; re-registering a known name re-issues its agent token."""
+    """Sent with a bootstrap token for a new host. A registered host is registered again (a new
+    agent token; the old one revoked) only with its own agent token or an admin's re-key token
+    (`POST /api/v1/hosts/{name}/rekey`); any other bootstrap token gets 409."""
 
     name: Name = Field(description="host name in the fleet, usually the short hostname")
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
@@ -227,6 +229,9 @@ class HostFacts(WireModel):
     memory_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     disk_free_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     preflight: list[PreflightCheck] = Field(default_factory=list, max_length=64)
+    # The host's engines serve HTTPS (the agent gives them its engine certificate): whoever
+    # connects to them (the gateway) uses https:// and verifies it. Absent from older agents.
+    engine_tls: bool = False
 
     def preflight_ok(self) -> bool:
         """True when no preflight check failed."""

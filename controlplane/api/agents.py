@@ -1,4 +1,4 @@
-"""`/api/v1/agents`: registration (bootstrap token) and heartbeats (agent token)."""
+"""`/api/v1/agents`: registration (bootstrap or the host's agent token) and heartbeats."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
-from controlplane.api.deps import Bootstrap, ContextDep, SessionDep, get_context
+from controlplane.api.deps import ContextDep, Registrant, SessionDep, get_context
 from controlplane.api.errors import ApiError
-from controlplane.auth import AuthError, consume_use
+from controlplane.api.heartbeat_fastpath import FAST_PATH_ERROR
+from controlplane.auth import AuthError
+from controlplane.ratelimit import HeartbeatTooSoon
 from controlplane.services.registration import register_agent as register
 from protocol.wire import HeartbeatReply, RegisterRequest, RegisterResponse
 
@@ -17,22 +19,26 @@ router = APIRouter(prefix="/api/v1/agents", tags=["agents"])
 
 @router.post("/register", response_model=RegisterResponse)
 def register_agent(
-    body: RegisterRequest, session: SessionDep, ctx: ContextDep, who: Bootstrap
+    body: RegisterRequest, session: SessionDep, ctx: ContextDep, who: Registrant
 ) -> RegisterResponse:
-    """Create (or re-key) the host and return an agent token bound to it, shown once."""
-    # The bootstrap token's use is spent only if the registration commits with it.
-    if not consume_use(session, who.token_id):
-        raise ApiError(401, "unauthorized", f"token {who.name!r} has no uses left")
-    done = register(
-        session,
-        ctx.clock(),
-        body,
-        actor=who.actor,
-        heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
-    )
+    """Create the host, or register it again (its agent token, or an admin's re-key token),
+    and return an agent token bound to it, shown once. Another caller naming a registered host
+    gets 409 saying how to re-key it."""
+    try:
+        # The token's use is spent only if the registration commits with it.
+        done = register(
+            session,
+            ctx.clock(),
+            body,
+            caller=who,
+            heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
+        )
+    except AuthError as exc:
+        raise ApiError(401, "unauthorized", str(exc)) from exc
     session.commit()
     # Not needed for correctness (registration bumps the host's heartbeat_seq and revokes the
-    # old token), but this replica's memory of the old agent is of no further use.
+    # old token), but this replica's memory of the old agent is of no further use. Its rate
+    # limit stays: registering again must not buy a host a fresh burst of heartbeats.
     ctx.heartbeats.forget(done.host_id)
     ctx.token_cache.drop_host(done.host_id)
     return RegisterResponse(
@@ -58,17 +64,24 @@ async def heartbeat(request: Request) -> Response:
     """Commit last-seen time and observed state, then reply with the desired state.
 
     Most heartbeats are answered by the fast lane (api/heartbeat_fastpath.py) with the same
-    `HeartbeatService.answer`; this route answers the rest and maps their errors. Forbidden
-    (403) and host_removed (404) are domain errors, mapped like every other.
+    `HeartbeatService.answer`; this route maps the errors of its attempts (raised again, not
+    run again) and answers what it did not take. Forbidden (403) and host_removed (404) are
+    domain errors, mapped like every other; a host heartbeating too fast gets 429.
     """
     ctx = await get_context(request)
     try:
+        failed = request.scope.pop(FAST_PATH_ERROR, None)
+        if failed is not None:
+            raise failed
         reply = await ctx.heartbeats.answer(
             request.headers.get("authorization"),
             await request.body(),
         )
     except AuthError as exc:
         raise ApiError(401, "unauthorized", str(exc)) from exc
+    except HeartbeatTooSoon as exc:
+        retry = {"Retry-After": str(exc.retry_after_s)}
+        raise ApiError(429, "rate_limited", str(exc), headers=retry) from exc
     except ValidationError as exc:
         raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from exc
     return Response(reply, media_type="application/json")

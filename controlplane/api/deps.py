@@ -18,6 +18,7 @@ from controlplane.auth import (
     AuthError,
     Principal,
     Role,
+    TokenRefused,
     authenticate,
     consume_use,
 )
@@ -60,49 +61,74 @@ def get_session(ctx: ContextDep) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def _authenticate(ctx: AppContext, secret: str, now: datetime, roles: frozenset[Role]) -> Principal:
+def _authenticate(
+    ctx: AppContext, secret: str, now: datetime, roles: frozenset[Role], spend: bool
+) -> Principal:
     with session_scope(ctx.engine) as session:
         principal = authenticate(session, secret, now)
-        # A refused request spends no use; bootstrap tokens spend one only when a
-        # registration commits.
+        # A refused request spends no use. A parallel request may have spent the last use
+        # since `authenticate` read it: the conditional decrement is what decides.
         allowed = any(principal.may(role) for role in roles)
-        if allowed and principal.limited_uses and principal.role != Role.BOOTSTRAP:
-            consume_use(session, principal.token_id)
+        if (
+            allowed
+            and spend
+            and principal.limited_uses
+            and not consume_use(session, principal.token_id)
+        ):
+            raise TokenRefused(f"token {principal.name!r} has no uses left")
+    return principal
+
+
+async def authorize(
+    ctx: AppContext, authorization: str | None, roles: frozenset[Role], *, spend: bool = True
+) -> Principal:
+    """The caller behind an `Authorization` header, if its role is one of `roles`.
+
+    Raises `ApiError` 401 (no or bad token) or 403 (role not allowed). Always checked against
+    the store (in the thread pool), so a token revoked on any replica is refused at once; only
+    heartbeats use the agent token cache, and their write re-checks the token itself. With
+    `spend`, a token with limited uses spends one; without, the handler spends it (in the
+    transaction of what it pays for) or a later check does.
+    """
+    try:
+        secret = parse_header(authorization)
+        principal = await run_in_threadpool(_authenticate, ctx, secret, ctx.clock(), roles, spend)
+    except AuthError as exc:
+        raise ApiError(401, "unauthorized", str(exc)) from exc
+    if not any(principal.may(role) for role in roles):
+        needed = " or ".join(sorted(r.value for r in roles))
+        raise ApiError(
+            403,
+            "forbidden",
+            f"this needs a token with role {needed}; "
+            f"token {principal.name!r} has role {principal.role.value}",
+        )
     return principal
 
 
 class RoleGate:
-    """Dependency that authenticates the bearer token and checks its role against `roles`."""
+    """Dependency that authenticates the bearer token and checks its role against `roles`.
 
-    def __init__(self, *roles: Role) -> None:
+    `spend=False` leaves spending a limited token's use to the handler (registration spends the
+    bootstrap token's use only if the registration commits).
+    """
+
+    def __init__(self, *roles: Role, spend: bool = True) -> None:
         self.roles = frozenset(roles)
+        self.spend = spend
 
     async def __call__(self, request: Request, ctx: ContextDep) -> Principal:
-        """The caller, or 401 (no / bad token) or 403 (role not allowed here).
-
-        Always checked against the store (in the thread pool), so a token revoked on any
-        replica is refused at once; only heartbeats use the agent token cache, and their write
-        re-checks the token itself.
-        """
-        try:
-            secret = parse_header(request.headers.get("authorization"))
-            principal = await run_in_threadpool(_authenticate, ctx, secret, ctx.clock(), self.roles)
-        except AuthError as exc:
-            raise ApiError(401, "unauthorized", str(exc)) from exc
-        if not any(principal.may(role) for role in self.roles):
-            needed = " or ".join(sorted(r.value for r in self.roles))
-            raise ApiError(
-                403,
-                "forbidden",
-                f"this needs a token with role {needed}; "
-                f"token {principal.name!r} has role {principal.role.value}",
-            )
-        return principal
+        """The caller, or 401 (no / bad token) or 403 (role not allowed here)."""
+        return await authorize(
+            ctx, request.headers.get("authorization"), self.roles, spend=self.spend
+        )
 
 
 Viewer = Annotated[Principal, Depends(RoleGate(Role.VIEWER))]
 Operator = Annotated[Principal, Depends(RoleGate(Role.OPERATOR))]
 Admin = Annotated[Principal, Depends(RoleGate(Role.ADMIN))]
-Bootstrap = Annotated[Principal, Depends(RoleGate(Role.BOOTSTRAP))]
+# Registration: a bootstrap token (a new host, or the one host a re-key token is bound to) or
+# the host's own agent token (it registers again); the registration spends the use.
+Registrant = Annotated[Principal, Depends(RoleGate(Role.BOOTSTRAP, Role.AGENT, spend=False))]
 Agent = Annotated[Principal, Depends(RoleGate(Role.AGENT))]
-ViewerOrAgent = Annotated[Principal, Depends(RoleGate(Role.VIEWER, Role.AGENT))]
+AdminOrAgent = Annotated[Principal, Depends(RoleGate(Role.ADMIN, Role.AGENT))]

@@ -22,15 +22,26 @@ class ApiError(Exception):
     Business rules raise `controlplane.services.errors` instead, mapped below.
     """
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
 
 
 def _body(code: str, message: str, details: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {"error": code, "message": message, "details": details or []}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """The JSON reply to an `ApiError`; also sent by middleware that answers before the app."""
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+    return JSONResponse(
+        _body(exc.code, exc.message), status_code=exc.status, headers={**headers, **exc.headers}
+    )
 
 
 def _where(loc: tuple[Any, ...]) -> str:
@@ -43,8 +54,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return JSONResponse(_body(exc.code, exc.message), status_code=exc.status, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(DomainError)
     async def _domain_error(_request: Request, exc: DomainError) -> JSONResponse:
@@ -64,7 +74,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+        code = codes.get(exc.status_code, "http_error")
         return JSONResponse(
             _body(code, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
         )

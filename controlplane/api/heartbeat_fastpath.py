@@ -3,10 +3,12 @@
 A heartbeat is the control plane's hottest request, and FastAPI's routing, dependency solving
 and exception wrappers cost more CPU than the heartbeat's own work. This pure ASGI middleware
 runs the one heartbeat implementation (`HeartbeatService.answer`: token, body, write, reply)
-itself and sends the reply. Whatever that raises (bad or refused token, wrong role, bad body,
-removed host, a database error) is replayed, body included, through the regular `POST
-/api/v1/agents/heartbeat` route, which runs the same call again and owns every error response;
-a failed attempt wrote nothing (its transaction rolled back), so running it again is safe.
+itself and sends the reply. Whatever that raises (bad or refused token, wrong role, too fast,
+bad body, removed host, a database error) is handed, with the request, to the regular `POST
+/api/v1/agents/heartbeat` route (under `FAST_PATH_ERROR` in the scope), which owns every error
+response and raises it again rather than run the heartbeat twice: a flood of bad heartbeats
+costs one token check each, not two. The body is replayed too, for a request this lane did not
+read to the end.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controlplane.api.body_limit import HEARTBEAT_BODY_LIMIT
 from controlplane.api.deps import AppContext
 from protocol.wire import HEARTBEAT_PATH
 
-# A heartbeat of a big host is tens of KiB; past this the regular route (and its body limit)
-# takes over.
-MAX_FAST_BODY = 1 << 20
+# A heartbeat of a big host is tens of KiB; the body limit (api/body_limit.py) stops anything
+# past this before it gets here.
+MAX_FAST_BODY = HEARTBEAT_BODY_LIMIT
+# The scope key under which the route finds what this lane's attempt raised.
+FAST_PATH_ERROR = "dctl.heartbeat_error"
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 
@@ -65,7 +70,7 @@ class HeartbeatFastPath:
         await send({"type": "http.response.body", "body": reply})
 
     async def _answer(self, scope: Scope, body: bytes) -> bytes | None:
-        """The reply, or None when the regular route must answer (with an error)."""
+        """The reply, or None when the regular route must answer (with the error it finds)."""
         header = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -73,7 +78,8 @@ class HeartbeatFastPath:
                 break
         try:
             return await self.ctx.heartbeats.answer(header, body)
-        except Exception:  # the regular route runs it again and maps the error to a reply
+        except Exception as exc:  # the regular route maps it to the error reply
+            scope[FAST_PATH_ERROR] = exc
             return None
 
 

@@ -1,4 +1,4 @@
-"""`/api/v1/hosts`: list, show, samples, drain / undrain (operator), remove (admin)."""
+"""`/api/v1/hosts`: list, show, samples, drain / undrain (operator), re-key and remove (admin)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from fastapi import APIRouter, Query, Response
 from sqlmodel import Session, col
 
 from controlplane.api.deps import Admin, ContextDep, Operator, SessionDep, Viewer
-from controlplane.api.views import host_out, instances_out
+from controlplane.api.views import host_out, instances_out, token_out
 from controlplane.models import Host, Instance
-from controlplane.services import hosts
-from protocol.rest import HostOut, SeriesOut
+from controlplane.services import hosts, tokens
+from protocol.rest import HostOut, SeriesOut, TokenCreated
 from protocol.wire import HostState
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
@@ -71,11 +71,23 @@ def undrain_host(name: str, session: SessionDep, ctx: ContextDep, who: Operator)
     return _with_instances(session, host)
 
 
+@router.post("/{name}/rekey", response_model=TokenCreated, status_code=201)
+def rekey_host(name: str, session: SessionDep, ctx: ContextDep, who: Admin) -> TokenCreated:
+    """A one-use bootstrap token (24 h) that registers this host again, and only it.
+
+    Its secret appears in this response only. The host's agent token keeps working until an
+    agent registers with the new token; then every older token of the host is revoked.
+    """
+    new = tokens.rekey_host(session, ctx.clock(), who.actor, name)
+    session.commit()
+    return TokenCreated(**token_out(new.row, name).model_dump(), secret=new.secret)
+
+
 @router.delete("/{name}", status_code=204)
 def remove_host(name: str, session: SessionDep, ctx: ContextDep, who: Admin) -> Response:
     """Forget a host: its GPUs, instances and agent tokens go with it."""
     host_id = hosts.remove_host(session, ctx.clock(), who.actor, name)
     session.commit()
-    ctx.heartbeats.forget(host_id)
+    ctx.heartbeats.forget_host(host_id)
     ctx.token_cache.drop_host(host_id)
     return Response(status_code=204)

@@ -4,16 +4,31 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi import Path as PathParam
-from fastapi.responses import FileResponse
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
-from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer, ViewerOrAgent
+from controlplane.api.deps import (
+    AdminOrAgent,
+    AppContext,
+    ContextDep,
+    Operator,
+    SessionDep,
+    Viewer,
+)
+from controlplane.api.file_response import (
+    OpenFileResponse,
+    RangeNotSatisfiable,
+    range_not_satisfiable,
+)
 from controlplane.api.views import model_out, parent_refs, version_out
+from controlplane.auth import Principal
+from controlplane.model_files import ModelFiles
 from controlplane.models import Model, ModelVersion
 from controlplane.services import models
 from protocol.rest import ModelOut, RegisterVersionRequest, VersionOut
+from protocol.vocabulary import Role
 from protocol.wire import NAME_PATTERN
 
 router = APIRouter(prefix="/api/v1/models", tags=["models"])
@@ -46,7 +61,9 @@ def register_version(
     response: Response,
 ) -> VersionOut:
     """Register a version; the same manifest again is a no-op (200), a different one is 409."""
-    model, row, created = models.register_version(session, ctx.clock(), who.actor, name, body)
+    model, row, created = models.register_version(
+        session, ctx.clock(), who.actor, name, body, ctx.settings.model_roots
+    )
     if created:
         session.commit()
     else:
@@ -71,10 +88,44 @@ def deprecate_version(
     return _version_body(session, model, row)
 
 
+async def get_model_files(request: Request) -> ModelFiles:
+    """The app's verified-file server (async: no I/O)."""
+    files: ModelFiles = request.app.state.model_files
+    return files
+
+
+ModelFilesDep = Annotated[ModelFiles, Depends(get_model_files)]
+
+
+def _source_file(
+    ctx: AppContext, who: Principal, name: str, version: str, path: str
+) -> models.SourceFile:
+    # Its own short session: a download lasts minutes and must not hold a pooled connection.
+    with Session(ctx.engine) as session:
+        if who.role is Role.AGENT:
+            models.ensure_host_may_fetch(session, who.host_id, name, version)
+        return models.source_file(session, name, version, path)
+
+
 @router.get("/{name}/versions/{version}/files/{path:path}")
-def version_file(
-    name: str, version: str, path: str, session: SessionDep, _who: ViewerOrAgent
-) -> FileResponse:
-    """A file of the version, from its local source directory (Range requests supported)."""
-    target = models.version_file(session, name, version, path)
-    return FileResponse(target, media_type="application/octet-stream")
+async def version_file(
+    name: str,
+    version: str,
+    path: str,
+    request: Request,
+    ctx: ContextDep,
+    who: AdminOrAgent,
+    files: ModelFilesDep,
+) -> Response:
+    """A file of the version from the control plane's disk, once it matches the manifest.
+
+    For agents and admins only; an agent gets only the versions its host runs. One Range
+    (`bytes=N-`, `N-M`, `-N`) is answered with 206, one past the end with 416.
+    """
+    wanted = await run_in_threadpool(_source_file, ctx, who, name, version, path)
+    opened = await files.open_verified(wanted.source_dir, wanted.entry, wanted.label)
+    etag = f'"{wanted.entry.sha256}"'
+    try:
+        return OpenFileResponse(opened, request.headers, etag)
+    except RangeNotSatisfiable:
+        return range_not_satisfiable(opened)

@@ -48,6 +48,16 @@ class Forbidden(DomainError):
     code = "forbidden"
 
 
+class FileUnavailable(DomainError):
+    """A version's file cannot be served: missing, outside its source, or unlike the manifest.
+
+    One answer for all three, so the file route is no oracle for what exists on the server.
+    """
+
+    status = 404
+    code = "file_unavailable"
+
+
 class NotLocal(DomainError):
     """A version's files live elsewhere than on the control plane's disk: fetch them there."""
 

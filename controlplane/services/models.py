@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import Model, ModelVersion
-from controlplane.services.errors import Conflict, Invalid, NotFound, NotLocal
+from controlplane.model_files import locate_in_roots
+from controlplane.models import Instance, Model, ModelVersion
+from controlplane.services.errors import Conflict, Forbidden, Invalid, NotFound, NotLocal
 from protocol.rest import RegisterVersionRequest, split_ref
 from protocol.sources import SourceUriError, check_source_uri, local_source_dir
+from protocol.wire import ManifestEntry
 
 
 def list_models(session: Session) -> list[Model]:
@@ -46,12 +50,18 @@ def get_version(session: Session, name: str, version: str) -> tuple[Model, Model
 
 
 def register_version(
-    session: Session, now: datetime, actor: str, name: str, request: RegisterVersionRequest
+    session: Session,
+    now: datetime,
+    actor: str,
+    name: str,
+    request: RegisterVersionRequest,
+    model_roots: Sequence[Path] = (),
 ) -> tuple[Model, ModelVersion, bool]:
     """Register a version; returns it and whether it is new.
 
     The same manifest again is a no-op; a different manifest under a registered tag is a
-    Conflict: versions are immutable.
+    Conflict: versions are immutable. With MODEL_ROOTS, a local source outside them is
+    Forbidden.
     """
     digest = request.manifest.digest()
     if request.digest is not None and request.digest != digest:
@@ -63,6 +73,13 @@ def register_version(
         check_source_uri(request.source_uri)
     except SourceUriError as exc:
         raise Invalid(str(exc)) from exc
+    source = local_source_dir(request.source_uri)
+    if source is not None and model_roots and locate_in_roots(source, model_roots) is None:
+        raise Forbidden(
+            f"source {request.source_uri!r} is outside the directories this control plane "
+            "serves models from (setting [controlplane] model_roots, env DCTL_MODEL_ROOTS): "
+            "move the checkpoint under one of them, or have an admin add its directory"
+        )
     existing = find_version(session, name, request.version)
     if existing is not None:
         model, row = existing
@@ -142,19 +159,57 @@ def deployable_version(session: Session, name: str, version: str) -> tuple[Model
     return found
 
 
-def version_file(session: Session, name: str, version: str, path: str) -> Path:
-    """The file `path` of a version, on the control plane's disk and inside its source directory."""
+@dataclass(frozen=True)
+class SourceFile:
+    """A file of a version whose source is on the control plane's disk, as its manifest says."""
+
+    label: str
+    entry: ManifestEntry
+    source_dir: PurePosixPath
+
+
+def source_file(session: Session, name: str, version: str, path: str) -> SourceFile:
+    """The manifest entry `path` of a version and its local source directory.
+
+    NotFound when the manifest lists no such file, NotLocal when the source is elsewhere. The
+    file itself is not looked at here: `ModelFiles.open_verified` checks it against the entry.
+    """
     _model, row = get_version(session, name, version)
-    if not any(entry["path"] == path for entry in row.manifest):
+    entry = next((e for e in row.manifest if e["path"] == path), None)
+    if entry is None:
         raise NotFound(f"file {path!r} in the manifest of {name}:{version}")
     source = local_source_dir(row.source_uri)
     if source is None:
         raise NotLocal(
             f"{name}:{version} lives at {row.source_uri}, not on the control plane: fetch it there"
         )
-    root = Path(source).resolve()
-    target = (root / path).resolve()
-    # The manifest path is checked at registration; resolve() also defeats symlinks out of root.
-    if not target.is_relative_to(root) or not target.is_file():
-        raise NotFound(f"file {path!r} at the source of {name}:{version} ({root})")
-    return target
+    return SourceFile(f"{name}:{version}", ManifestEntry.model_validate(entry), source)
+
+
+def versions_visible_to_host(session: Session, host_id: int) -> set[int]:
+    """Ids of the versions host `host_id`'s agent may fetch: those its desired state runs.
+
+    Today that is the version of every instance placed on the host; versions a rollout
+    pre-stages there belong here too, since this is the one rule the file route applies.
+    """
+    rows = session.exec(
+        select(Instance.version_id).where(Instance.host_id == host_id).distinct()
+    ).all()
+    return set(rows)
+
+
+def ensure_host_may_fetch(session: Session, host_id: int | None, name: str, version: str) -> None:
+    """Forbidden unless `name:version` is visible to the agent of host `host_id`.
+
+    An unknown version gets the same answer, so an agent token learns nothing it may not fetch.
+    """
+    found = find_version(session, name, version)
+    if (
+        host_id is None
+        or found is None
+        or found[1].id not in versions_visible_to_host(session, host_id)
+    ):
+        raise Forbidden(
+            f"this agent's host runs no instance of {name}:{version}: an agent may fetch only "
+            "the versions in its host's desired state"
+        )

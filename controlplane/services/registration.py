@@ -1,7 +1,16 @@
 """Agent registration: a host joins the fleet (or rejoins it) and gets an agent token.
 
-Registering a name that exists re-keys that host: its old agent tokens are revoked (an agent
-that lost its data directory registers again), and its labels, ports and facts are replaced.
+Who may register which name:
+
+- a new name: any bootstrap token (not one bound to another host by a re-key);
+- a name that exists: only a caller who proves it is that host or was sent by an admin to
+  re-key it: the host's current agent token, or the one-use bootstrap token `dctl host rekey
+  NAME` issues bound to that host. Anything else is a `Conflict` naming the host and how to
+  re-key it, so a leaked bootstrap token cannot take over a registered host (revoke its agent
+  token and receive a new one).
+
+Registering again revokes every token bound to the host (its old agent token, the re-key token
+just used, any other outstanding re-key token) and replaces its labels, ports and facts.
 """
 
 from __future__ import annotations
@@ -12,9 +21,10 @@ from datetime import datetime
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from controlplane.auth import Role, mint_token
+from controlplane.auth import Principal, Role, TokenRefused, consume_use, mint_token
 from controlplane.eventlog import record_event
 from controlplane.models import ApiToken, Host
+from controlplane.services.errors import Conflict, Forbidden
 from controlplane.services.placement import place_fleet
 from protocol.wire import RegisterRequest
 
@@ -34,20 +44,26 @@ def register_agent(
     now: datetime,
     request: RegisterRequest,
     *,
-    actor: str,
+    caller: Principal,
     heartbeat_interval_s: float,
 ) -> Registration:
     """Create (or re-key) the host named in `request` and mint an agent token bound to it.
 
-    Flushes but does not commit: the caller commits, in the same transaction as whatever it
-    spent to be allowed to register (a bootstrap token's use).
+    `caller` is a bootstrap token or the host's own agent token (see the module docstring);
+    one use of a limited token is spent here. Flushes but does not commit: the caller commits,
+    so the use is spent only if the registration is (a refused one spends nothing).
     """
+    if not consume_use(session, caller.token_id):
+        raise TokenRefused(f"token {caller.name!r} has no uses left")
+    actor = caller.actor
     host = session.exec(select(Host).where(Host.name == request.name)).first()
+    _check_may_register(session, caller, request.name, host)
     if host is None:
         host = Host(name=request.name, registered_at=now, heartbeat_interval_s=heartbeat_interval_s)
         kind, verb = "host.registered", "registered"
     else:
-        # The old agent token stops working; the new agent presents the new one.
+        # The old agent token (and any re-key token) stops working; the new agent presents
+        # the new one.
         session.execute(
             update(ApiToken)
             .where(col(ApiToken.host_id) == host.id, col(ApiToken.revoked_at).is_(None))
@@ -96,3 +112,27 @@ def register_agent(
         agent_token=new.secret,
         heartbeat_interval_s=heartbeat_interval_s,
     )
+
+
+def _check_may_register(session: Session, caller: Principal, name: str, host: Host | None) -> None:
+    """Refuse a caller who may not (re-)register `name` (`Forbidden`, `Conflict`)."""
+    bound_to_host = host is not None and caller.host_id == host.id
+    if bound_to_host:
+        return  # the host's own agent token, or the admin's re-key token for it
+    if caller.host_id is not None:
+        bound = session.get(Host, caller.host_id)
+        bound_name = bound.name if bound is not None else "a removed host"
+        what = "an agent token" if caller.role == Role.AGENT else "this re-key token"
+        raise Forbidden(
+            f"{what} registers only the host it is bound to ({bound_name}), not {name}; "
+            "a new host needs a bootstrap token (`dctl token create NAME --role bootstrap`)"
+        )
+    if caller.role != Role.BOOTSTRAP:
+        raise Forbidden("registering a host needs a bootstrap token or the host's agent token")
+    if host is not None:
+        raise Conflict(
+            f"host {name!r} is already registered: its agent registers again with its own "
+            f"agent token, or an admin re-keys it with `dctl host rekey {name}` and starts the "
+            "agent with the one-use bootstrap token that prints (POST "
+            f"/api/v1/hosts/{name}/rekey)"
+        )

@@ -1,22 +1,29 @@
-"""API tokens: mint (the secret is returned once), list, revoke."""
+"""API tokens: mint (the secret is returned once), list, revoke, and re-key tokens for hosts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from sqlalchemy import update
 from sqlmodel import Session, col, select
 
-from controlplane.auth import NewToken, Role, mint_token
+from controlplane.auth import BOOTSTRAP_DEFAULT_LIFETIME, NewToken, Role, mint_token
 from controlplane.eventlog import record_event
 from controlplane.models import ApiToken, Host
 from controlplane.services.errors import Conflict, NotFound
+from controlplane.services.hosts import get_host
 from protocol.rest import TokenCreate
 
 
 def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate) -> NewToken:
-    """Mint a token; the caller shows its secret once, it is never stored."""
+    """Mint a token; the caller shows its secret once, it is never stored.
+
+    A bootstrap token without an expiry gets `BOOTSTRAP_DEFAULT_LIFETIME` (24 h).
+    """
     expires = now + timedelta(seconds=spec.expires_in_s) if spec.expires_in_s else None
+    if expires is None and spec.role == Role.BOOTSTRAP.value:
+        expires = now + BOOTSTRAP_DEFAULT_LIFETIME
     new = mint_token(
         spec.name, Role(spec.role), now, expires_at=expires, uses=spec.uses, created_by=actor
     )
@@ -30,6 +37,46 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
         f"token {spec.name} ({spec.role}) created",
         role=spec.role,
         name=spec.name,
+    )
+    return new
+
+
+def rekey_host(session: Session, now: datetime, actor: str, name: str) -> NewToken:
+    """A one-use bootstrap token that registers host `name` again (and only it), for 24 h.
+
+    Nothing changes for the host until an agent registers with it: then every token bound to
+    the host is revoked (the old agent token first of all). An earlier re-key token of the host
+    that was never used is revoked now, so only the newest one works.
+    """
+    host = get_host(session, name)
+    session.execute(
+        update(ApiToken)
+        .where(
+            col(ApiToken.host_id) == host.id,
+            col(ApiToken.role) == Role.BOOTSTRAP.value,
+            col(ApiToken.revoked_at).is_(None),
+        )
+        .values(revoked_at=now)
+    )
+    new = mint_token(
+        f"rekey-{name}"[:63],
+        Role.BOOTSTRAP,
+        now,
+        host_id=host.id,
+        expires_at=now + BOOTSTRAP_DEFAULT_LIFETIME,
+        uses=1,
+        created_by=actor,
+    )
+    session.add(new.row)
+    record_event(
+        session,
+        now,
+        actor,
+        "host.rekey_issued",
+        f"host/{name}",
+        f"one-use bootstrap token {new.row.key_id} issued to register host {name} again; its "
+        "current agent token works until an agent registers with it",
+        token=new.row.key_id,
     )
     return new
 

@@ -55,7 +55,8 @@ def agent_metrics(stack: Stack) -> dict[str, float]:
 
 def engine_processes(stack: Stack, instance_id: int) -> list[int]:
     """Pids whose command line runs this instance's engine config."""
-    marker = f"instance-{instance_id}.yaml"
+    # The full path: other stacks on this machine (parallel runs) have an instance 1 too.
+    marker = str(stack.agent_data() / "agent" / "run" / f"instance-{instance_id}.yaml")
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():

@@ -4,6 +4,7 @@ CLI tests of a session; the CLI itself runs in-process (typer's runner) or as a 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,10 +99,23 @@ def start_server(home: Path, *extra: str, migrate: bool = True) -> Server:
     server = Server(f"http://127.0.0.1:{port}", db_url, db_path, home, env, proc, stdout_path)
     wait_healthy(server.url, proc)
     server.lines = stdout_path.read_text().splitlines()
-    for line in server.lines:
-        if "admin token" in line:
-            server.admin_token = line.rsplit(" ", 1)[-1]
+    server.admin_token = saved_admin_token(server)
     return server
+
+
+def saved_admin_token(server: Server) -> str:
+    """The first admin token, from the credentials file: stdout here is not a terminal, so the
+    server names the context it saved it as instead of printing it ("" after a restart)."""
+    from client.credentials import CredentialsFile
+
+    for line in server.lines:
+        match = re.search(
+            r"first admin token created and saved only in (\S+) .*as context '([^']+)'", line
+        )
+        if match:
+            _, contexts = CredentialsFile(Path(match.group(1))).load()
+            return contexts[match.group(2)].token or ""
+    return ""
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -124,6 +124,8 @@ class Api:
     clock: FakeClock
     admin: str
     settings: ControlPlaneSettings
+    # The latest agent token `register` got for each host name.
+    agent_tokens: dict[str, str] = field(default_factory=dict)
 
     def auth(self, secret: str) -> dict[str, str]:
         """Headers for a token."""
@@ -147,11 +149,13 @@ class Api:
         return secret
 
     def register(self, name: str, **body: Any) -> dict[str, Any]:
-        """Register an agent for host `name` with a fresh bootstrap token."""
-        boot = self.token("bootstrap")
-        response = self.call("POST", "/api/v1/agents/register", boot, json={"name": name, **body})
+        """Register an agent for host `name`: with a fresh bootstrap token the first time, then
+        (as its agent would) with the host's current agent token."""
+        token = self.agent_tokens.get(name) or self.token("bootstrap")
+        response = self.call("POST", "/api/v1/agents/register", token, json={"name": name, **body})
         assert response.status_code == 200, response.text
         result: dict[str, Any] = response.json()
+        self.agent_tokens[name] = result["agent_token"]
         return result
 
     def heartbeat(self, agent_token: str, **body: Any) -> Any:

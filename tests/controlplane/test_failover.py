@@ -19,6 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from client.credentials import CredentialsFile
 from controlplane.db import make_engine
 from tests.controlplane.conftest import create_pg_database, drop_pg_database, require_postgres
 
@@ -111,7 +112,7 @@ def start(database: str, tmp_path: Path) -> Iterator[Callable[[bool], Server]]:
 
 
 def test_the_other_replica_takes_over_the_controllers_after_kill_9(
-    database: str, start: Callable[[bool], Server]
+    database: str, start: Callable[[bool], Server], tmp_path: Path
 ) -> None:
     first, second = start(True), start(False)
     engine = make_engine(database)
@@ -142,9 +143,9 @@ def test_the_other_replica_takes_over_the_controllers_after_kill_9(
         assert standby.metric("dctl_controller_leader") == 1.0
 
         # The survivor really runs them: a host that never heartbeats goes not_ready (3 s).
-        admin = re.search(r"admin token \(shown only this once\): (\S+)", first.log.read_text())
-        assert admin is not None
-        auth = {"Authorization": f"Bearer {admin.group(1)}"}
+        # Not a terminal: the first start saved the admin token only in the credentials file.
+        _, contexts = CredentialsFile(tmp_path / "config" / "dctl" / "credentials").load()
+        auth = {"Authorization": f"Bearer {contexts['default'].token}"}
         with httpx.Client(base_url=standby.url, headers=auth, timeout=10) as http:
             boot = http.post("/api/v1/tokens", json={"name": "boot", "role": "bootstrap"})
             secret = boot.json()["secret"]

@@ -22,13 +22,15 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("GET", f"{V}/hosts/{{name}}/samples"): READ,
     ("POST", f"{V}/hosts/{{name}}/drain"): OPERATE,
     ("POST", f"{V}/hosts/{{name}}/undrain"): OPERATE,
+    ("POST", f"{V}/hosts/{{name}}/rekey"): ADMIN,
     ("DELETE", f"{V}/hosts/{{name}}"): ADMIN,
     ("GET", f"{V}/models"): READ,
     ("GET", f"{V}/models/{{name}}"): READ,
     ("POST", f"{V}/models/{{name}}/versions"): OPERATE,
     ("GET", f"{V}/models/{{name}}/versions/{{version}}"): READ,
     ("POST", f"{V}/models/{{name}}/versions/{{version}}/deprecate"): OPERATE,
-    ("GET", f"{V}/models/{{name}}/versions/{{version}}/files/{{path}}"): READ | AGENT,
+    # Weights go to the agents that run them (and admins); viewers and operators see manifests.
+    ("GET", f"{V}/models/{{name}}/versions/{{version}}/files/{{path}}"): ADMIN | AGENT,
     ("POST", f"{V}/deployments"): OPERATE,
     ("GET", f"{V}/deployments"): READ,
     ("GET", f"{V}/deployments/{{name}}"): READ,
@@ -38,7 +40,8 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("POST", f"{V}/tokens"): ADMIN,
     ("GET", f"{V}/tokens"): ADMIN,
     ("DELETE", f"{V}/tokens/{{ref}}"): ADMIN,
-    ("POST", f"{V}/agents/register"): BOOTSTRAP,
+    # A new host with a bootstrap token; the host's own agent token registers it again.
+    ("POST", f"{V}/agents/register"): BOOTSTRAP | AGENT,
     ("POST", f"{V}/agents/heartbeat"): AGENT,
     ("GET", f"{V}/status"): READ,
     ("GET", "/healthz"): PUBLIC,
@@ -60,7 +63,7 @@ BODIES: dict[tuple[str, str], Any] = {
     },
     ("PATCH", f"{V}/deployments/{{name}}"): {"instances_per_host": 1},
     ("POST", f"{V}/tokens"): {"name": "made", "role": "viewer"},
-    ("POST", f"{V}/agents/register"): {"name": "gpu-9"},
+    ("POST", f"{V}/agents/register"): {"name": "gpu-9"},  # the agent's own: gpu-1 (below)
     ("POST", f"{V}/agents/heartbeat"): {},
 }
 
@@ -105,9 +108,14 @@ def test_every_route_enforces_its_roles(api: Api) -> None:
                 message = response.json()["message"]
                 assert "needs a token with role" in message and str(role) in message
         for role in sorted(allowed, key=str):
-            response = api.call(method, path, tokens[role], json=BODIES.get(key))
+            body = BODIES.get(key)
+            if key == ("POST", f"{V}/agents/register") and role == "agent":
+                body = {"name": "gpu-1"}
+            response = api.call(method, path, tokens[role], json=body)
             assert response.status_code not in (401, 403), (method, path, role, response.text)
             assert response.status_code < 500, (method, path, role, response.text)
+            if body == {"name": "gpu-1"}:  # registered again: the old agent token is revoked
+                tokens["agent"] = response.json()["agent_token"]
 
 
 def test_missing_and_bad_tokens_get_401_with_json(api: Api) -> None:

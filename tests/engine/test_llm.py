@@ -85,10 +85,8 @@ def test_chat_uses_the_template_and_the_thinking_switch(llm: LLM) -> None:
     (direct,) = llm.chat(messages, SamplingParams(max_tokens=4, thinking=False))
     rendered = llm.tokenizer.apply_chat_template(messages, enable_thinking=False)
     assert "<think>" in rendered
-    assert direct.prompt_token_ids == llm.tokenizer.encode(rendered)
-    assert thinking.prompt_token_ids == llm.tokenizer.encode(
-        llm.tokenizer.apply_chat_template(messages, enable_thinking=True)
-    )
+    assert direct.prompt_token_ids == llm.tokenizer.encode_chat(messages, enable_thinking=False)
+    assert thinking.prompt_token_ids == llm.tokenizer.encode_chat(messages, enable_thinking=True)
     assert thinking.prompt_token_ids != direct.prompt_token_ids
     two = llm.chat([messages, messages], SamplingParams(max_tokens=4, thinking=False))
     assert [o.token_ids for o in two] == [direct.token_ids] * 2

@@ -3,11 +3,13 @@
 Every server serves the deterministic tiny demo checkpoint (fp32, block size 4), built once
 per session. `server` is shared by the whole session (2 CPU cores: start it once); tests that
 need other settings (API key, a tiny queue, a short timeout) or that end the process (SIGTERM
-drain) start their own with `start_server`.
+drain) start their own with `start_server`. `raw_exchange` talks to a server over a bare
+socket, for requests no HTTP client would send (any header bytes, lying lengths).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -79,6 +82,11 @@ class ServerProcess:
             time.sleep(0.1)
         raise AssertionError("the server still has requests in flight")
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, all threads) the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> int:
         """SIGTERM and wait; returns the exit code."""
         if self.proc.poll() is None:
@@ -89,6 +97,61 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait()
         return int(self.proc.returncode)
+
+
+@dataclass
+class RawResponse:
+    """The first final (non-1xx) response read off a socket."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON."""
+        return json.loads(self.body)
+
+
+def raw_exchange(url: str, request: bytes, timeout_s: float = 20.0) -> RawResponse | None:
+    """Send REQUEST's bytes as they are and read the first final response.
+
+    None: the server closed the connection without answering. A server that neither answers
+    nor closes within TIMEOUT_S fails the test (TimeoutError).
+    """
+    address = urlsplit(url)
+    with socket.create_connection((address.hostname, address.port), timeout=timeout_s) as sock:
+        # It may answer (or give up) before taking everything: then read what it said.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
+
+        def receive() -> bytes:
+            try:
+                return sock.recv(65536)
+            except ConnectionResetError:
+                return b""
+
+        buffer = b""
+        while True:
+            head, separator, rest = buffer.partition(b"\r\n\r\n")
+            if not separator:
+                chunk = receive()
+                if not chunk:
+                    return None
+                buffer += chunk
+                continue
+            status_line, *lines = head.decode("latin-1").split("\r\n")
+            status = int(status_line.split()[1])
+            if 100 <= status < 200:  # "100 Continue": the answer follows
+                buffer = rest
+                continue
+            headers = {}
+            for line in lines:
+                name, _, value = line.partition(":")
+                headers[name.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0"))
+            while len(rest) < length and (chunk := receive()):
+                rest += chunk
+            return RawResponse(status, headers, rest[:length])
 
 
 def launch_server(

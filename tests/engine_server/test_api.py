@@ -148,8 +148,8 @@ def test_chat_uses_the_template_and_the_thinking_switch(client: openai.OpenAI, l
         )
         assert result.usage is not None
         usage[thinking] = result.usage.prompt_tokens
-        rendered = llm.tokenizer.apply_chat_template(messages, enable_thinking=thinking)
-        assert usage[thinking] == len(llm.tokenizer.encode(rendered))
+        expected = llm.tokenizer.encode_chat(messages, enable_thinking=thinking)
+        assert usage[thinking] == len(expected)
     # enable_thinking=false opens the answer with an empty think section.
     assert usage[False] > usage[True]
 
