@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,18 @@ from typing import Any, Protocol
 
 import httpx
 
+from agent.http_bodies import read_capped
 from agent.private_files import write_private
+
+log = logging.getLogger("dctl.agent")
+
+# The largest /metrics body the agent reads. The biggest legitimate page is a MoE engine's
+# `dllm_expert_tokens_total{layer,expert}`: one ~64-byte line per (layer, expert), so 64 layers x
+# 256 experts = 16 384 lines is about 1.0 MiB (measured with the engine's own collector and
+# 9-digit counts), plus a few KiB of everything else. 4 MiB leaves ~4x headroom for more layers,
+# experts or longer counts, while an endless or hostile body costs the agent at most 4 MiB a scrape.
+METRICS_BODY_LIMIT = 4 << 20
+_IDENTITY = {"Accept-Encoding": "identity"}
 
 
 class EngineProcess(Protocol):
@@ -170,20 +182,54 @@ class HttpProber:
 
 
 class HttpMetricsScraper:
-    """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout;
-    over HTTPS with TLS, like `HttpProber`."""
+    """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout and
+    at most LIMIT bytes of body; over HTTPS with TLS, like `HttpProber`."""
 
-    def __init__(self, timeout_s: float = 2.0, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 2.0,
+        tls: ssl.SSLContext | None = None,
+        limit: int = METRICS_BODY_LIMIT,
+    ) -> None:
         self._tls = tls is not None
         self._client = httpx.Client(timeout=timeout_s, verify=tls or True)
+        self._limit = limit
+        self._oversized: set[tuple[str, int]] = set()  # engines already warned about
 
     def __call__(self, host: str, port: int) -> str | None:
-        """The exposition text, or None when the engine does not answer 200."""
+        """The exposition text, or None when the engine does not answer 200 or sends a body
+        over the limit (that scrape is dropped whole; the next one tries again)."""
+        url = engine_url(host, port, "/metrics", self._tls)
         try:
-            response = self._client.get(engine_url(host, port, "/metrics", self._tls))
+            # Uncompressed, so the limit bounds what is held, not what a small gzip expands to.
+            with self._client.stream("GET", url, headers=_IDENTITY) as response:
+                if response.status_code != 200:
+                    return None
+                announced = response.headers.get("Content-Length", "")
+                if announced.isdigit() and int(announced) > self._limit:
+                    self._too_large(host, port)
+                    return None
+                body = read_capped(response, self._limit + 1)
+                if len(body) > self._limit:
+                    self._too_large(host, port)
+                    return None
+                encoding = response.charset_encoding or "utf-8"
         except httpx.HTTPError:
             return None
-        return response.text if response.status_code == 200 else None
+        self._oversized.discard((host, port))
+        try:
+            return body.decode(encoding, errors="replace")
+        except LookupError:  # a charset Python does not know
+            return body.decode("utf-8", errors="replace")
+
+    def _too_large(self, host: str, port: int) -> None:
+        """Drop this scrape; warn once per engine until it sends a page within the limit."""
+        if (host, port) not in self._oversized:
+            self._oversized.add((host, port))
+            log.warning(
+                "engine %s:%d: /metrics body is over %d bytes; scrapes are dropped until it"
+                " is smaller", host, port, self._limit,
+            )  # fmt: skip
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -14,6 +14,7 @@ An https:// control plane is verified against the context's CA file, else the sy
 from __future__ import annotations
 
 import ssl
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from functools import update_wrapper
 from pathlib import Path
@@ -69,7 +70,7 @@ class Endpoint(Generic[P, T]):
         return update_wrapper(method, build)
 
 
-class _BaseClient:
+class _BaseClient(ABC):
     """What both clients share: the connection settings and every endpoint of `/api/v1`."""
 
     def __init__(self, base_url: str, token: str | None, ca_file: str | Path | None) -> None:
@@ -84,9 +85,9 @@ class _BaseClient:
         """A client for a credentials context (URL, token, CA file)."""
         return cls(context.url, context.token, ca_file=context.ca_file, **kwargs)
 
+    @abstractmethod
     def send(self, call: Call[Any]) -> Any:
         """Make CALL; each client implements it over its own httpx client."""
-        raise NotImplementedError
 
     request = Endpoint(calls.request)
     healthz = Endpoint(calls.healthz)

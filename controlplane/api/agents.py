@@ -10,7 +10,7 @@ from controlplane.api.deps import ContextDep, Registrant, SessionDep, get_contex
 from controlplane.api.errors import ApiError
 from controlplane.api.heartbeat_fastpath import FAST_PATH_ERROR
 from controlplane.auth import AuthError
-from controlplane.ratelimit import HeartbeatTooSoon
+from controlplane.ratelimit import HeartbeatTooSoon, RegisterTooSoon
 from controlplane.services.registration import register_agent as register
 from protocol.wire import HeartbeatReply, RegisterRequest, RegisterResponse
 
@@ -23,19 +23,32 @@ def register_agent(
 ) -> RegisterResponse:
     """Create the host, or register it again (its agent token, or an admin's re-key token),
     and return an agent token bound to it, shown once. Another caller naming a registered host
-    gets 409 saying how to re-key it."""
+    gets 409 saying how to re-key it. A host name registering too often gets 429."""
+    now = ctx.clock()
+    try:
+        # After authentication (the dependency, read only), before any write: an anonymous
+        # caller spends nothing, an authenticated one looping on one name is stopped here.
+        ctx.registrations.admit(body.name, now)
+    except RegisterTooSoon as exc:
+        retry = {"Retry-After": str(exc.retry_after_s)}
+        raise ApiError(429, "rate_limited", str(exc), headers=retry) from exc
     try:
         # The token's use is spent only if the registration commits with it.
         done = register(
             session,
-            ctx.clock(),
+            now,
             body,
             caller=who,
             heartbeat_interval_s=ctx.settings.heartbeat_interval_s,
         )
+        session.commit()
     except AuthError as exc:
+        ctx.registrations.refund(body.name)
         raise ApiError(401, "unauthorized", str(exc)) from exc
-    session.commit()
+    except Exception:
+        # Refused (403, 409) or failed: nothing was written, so nothing is spent.
+        ctx.registrations.refund(body.name)
+        raise
     # Not needed for correctness (registration bumps the host's heartbeat_seq and revokes the
     # old token), but this replica's memory of the old agent is of no further use. Its rate
     # limit stays: registering again must not buy a host a fresh burst of heartbeats.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated
 
@@ -27,6 +27,7 @@ from controlplane.db import session_scope
 from controlplane.heartbeats import HeartbeatService
 from controlplane.hosthealth import HostHealthMonitor
 from controlplane.metrics import ControlPlaneMetrics
+from controlplane.ratelimit import RegistrationRateLimit
 from controlplane.settings import ControlPlaneSettings
 
 
@@ -41,6 +42,7 @@ class AppContext:
     health: HostHealthMonitor
     metrics: ControlPlaneMetrics
     token_cache: AgentTokenCache
+    registrations: RegistrationRateLimit = field(default_factory=RegistrationRateLimit)
 
 
 async def get_context(request: Request) -> AppContext:

@@ -22,7 +22,7 @@ from controlplane.api.file_response import (
     RangeNotSatisfiable,
     range_not_satisfiable,
 )
-from controlplane.api.views import model_out, parent_refs, version_out
+from controlplane.api.views import model_out, models_out, parent_refs, version_out
 from controlplane.auth import Principal
 from controlplane.model_files import ModelFiles
 from controlplane.models import Model, ModelVersion
@@ -42,7 +42,7 @@ def _version_body(session: Session, model: Model, row: ModelVersion) -> VersionO
 @router.get("", response_model=list[ModelOut])
 def list_models(session: SessionDep, _who: Viewer) -> list[ModelOut]:
     """Every model with its versions."""
-    return [model_out(session, m) for m in models.list_models(session)]
+    return models_out(session, models.list_models(session))
 
 
 @router.get("/{name}", response_model=ModelOut)

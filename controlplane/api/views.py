@@ -110,22 +110,36 @@ def parent_refs(session: Session, versions: list[ModelVersion]) -> dict[int, str
 
 def model_out(session: Session, model: Model) -> ModelOut:
     """A model with all its versions (no manifests)."""
+    return models_out(session, [model])[0]
+
+
+def models_out(session: Session, models: Sequence[Model]) -> list[ModelOut]:
+    """Models with all their versions (no manifests), in two queries for any count."""
+    if not models:
+        return []
+    ids = [m.id for m in models]
     versions = list(
         session.exec(
             select(ModelVersion)
-            .where(ModelVersion.model_id == model.id)
+            .where(col(ModelVersion.model_id).in_(ids))
             .order_by(col(ModelVersion.id))
         ).all()
     )
     parents = parent_refs(session, versions)
-    return ModelOut(
-        name=model.name,
-        created_at=model.created_at,
-        versions=[
-            version_out(v, model.name, parents.get(v.parent_id or -1), with_manifest=False)
-            for v in versions
-        ],
-    )
+    by_model: dict[int | None, list[ModelVersion]] = {}
+    for v in versions:
+        by_model.setdefault(v.model_id, []).append(v)
+    return [
+        ModelOut(
+            name=m.name,
+            created_at=m.created_at,
+            versions=[
+                version_out(v, m.name, parents.get(v.parent_id or -1), with_manifest=False)
+                for v in by_model.get(m.id, [])
+            ],
+        )
+        for m in models
+    ]
 
 
 def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentOut]:

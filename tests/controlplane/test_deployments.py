@@ -184,6 +184,31 @@ def test_listing_deployments_costs_the_same_for_one_or_five(api: Api) -> None:
     assert listing_statements(5) == one
 
 
+def test_listing_models_costs_the_same_for_one_or_five(api: Api) -> None:
+    viewer = api.token("viewer")
+
+    def listing_statements(total: int) -> int:
+        api.call("GET", "/api/v1/models", viewer)  # the token's last-use write, once
+        with statements(api) as seen:
+            listed = api.call("GET", "/api/v1/models", viewer).json()
+        assert len(listed) == total and all(len(m["versions"]) == 2 for m in listed)
+        return len(seen)
+
+    def model_with_versions(name: str) -> None:
+        register_version(api, name, "v1")
+        register_version(api, name, "v2", parent=f"{name}:v1")
+
+    model_with_versions("demo-0")
+    one = listing_statements(1)
+    for n in range(1, 5):
+        model_with_versions(f"demo-{n}")
+    assert listing_statements(5) == one
+    # Same bodies as one model at a time (each version with its own model and parent).
+    listed = api.call("GET", "/api/v1/models", viewer).json()
+    assert listed == [api.call("GET", f"/api/v1/models/{m['name']}", viewer).json() for m in listed]
+    assert [v["parent"] for v in listed[3]["versions"]] == [None, "demo-3:v1"]
+
+
 def test_a_host_change_places_what_fits_and_says_what_does_not(api: Api) -> None:
     register_version(api)
     gpu_host(api, labels={"pool": "a"})
