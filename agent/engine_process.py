@@ -17,13 +17,14 @@ import shutil
 import signal
 import ssl
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from agent.http_bodies import read_capped
 from agent.private_files import write_private
 
 log = logging.getLogger("dctl.agent")
@@ -183,23 +184,35 @@ class HttpProber:
 
 class HttpMetricsScraper:
     """Reads an engine's Prometheus `/metrics` (which needs no API key) with a short timeout and
-    at most LIMIT bytes of body; over HTTPS with TLS, like `HttpProber`."""
+    at most LIMIT bytes of body; over HTTPS with TLS, like `HttpProber`.
+
+    TIMEOUT_S bounds each read; DEADLINE_S (default twice TIMEOUT_S) bounds the whole scrape, so
+    a listener trickling bytes cannot hold one for long. The deadline is checked between reads,
+    so a scrape ends at most one read timeout after it.
+    """
 
     def __init__(
         self,
         timeout_s: float = 2.0,
         tls: ssl.SSLContext | None = None,
         limit: int = METRICS_BODY_LIMIT,
+        deadline_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._tls = tls is not None
         self._client = httpx.Client(timeout=timeout_s, verify=tls or True)
         self._limit = limit
-        self._oversized: set[tuple[str, int]] = set()  # engines already warned about
+        self._deadline_s = 2 * timeout_s if deadline_s is None else deadline_s
+        self._clock = clock
+        # Engines already warned about, and why ("large", "slow"), until a scrape succeeds.
+        self._warned: set[tuple[str, int, str]] = set()
 
     def __call__(self, host: str, port: int) -> str | None:
-        """The exposition text, or None when the engine does not answer 200 or sends a body
-        over the limit (that scrape is dropped whole; the next one tries again)."""
+        """The exposition text, or None when the engine does not answer 200, sends a body over
+        the limit, or takes longer than the deadline (that scrape is dropped whole; the next one
+        tries again)."""
         url = engine_url(host, port, "/metrics", self._tls)
+        deadline = self._clock() + self._deadline_s
         try:
             # Uncompressed, so the limit bounds what is held, not what a small gzip expands to.
             with self._client.stream("GET", url, headers=_IDENTITY) as response:
@@ -207,28 +220,40 @@ class HttpMetricsScraper:
                     return None
                 announced = response.headers.get("Content-Length", "")
                 if announced.isdigit() and int(announced) > self._limit:
-                    self._too_large(host, port)
+                    self._drop(host, port, "large")
                     return None
-                body = read_capped(response, self._limit + 1)
-                if len(body) > self._limit:
-                    self._too_large(host, port)
-                    return None
+                body = bytearray()
+                for chunk in response.iter_bytes():
+                    body += chunk[: self._limit + 1 - len(body)]
+                    if len(body) > self._limit:
+                        self._drop(host, port, "large")
+                        return None
+                    if self._clock() > deadline:
+                        self._drop(host, port, "slow")
+                        return None
                 encoding = response.charset_encoding or "utf-8"
         except httpx.HTTPError:
             return None
-        self._oversized.discard((host, port))
+        self._warned -= {(host, port, "large"), (host, port, "slow")}
         try:
             return body.decode(encoding, errors="replace")
         except LookupError:  # a charset Python does not know
             return body.decode("utf-8", errors="replace")
 
-    def _too_large(self, host: str, port: int) -> None:
-        """Drop this scrape; warn once per engine until it sends a page within the limit."""
-        if (host, port) not in self._oversized:
-            self._oversized.add((host, port))
+    def _drop(self, host: str, port: int, why: str) -> None:
+        """Drop this scrape; warn once per engine and reason until a scrape succeeds."""
+        if (host, port, why) in self._warned:
+            return
+        self._warned.add((host, port, why))
+        if why == "large":
             log.warning(
                 "engine %s:%d: /metrics body is over %d bytes; scrapes are dropped until it"
                 " is smaller", host, port, self._limit,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "engine %s:%d: /metrics took over %.1fs; scrapes are dropped until one is"
+                " quicker", host, port, self._deadline_s,
             )  # fmt: skip
 
     def close(self) -> None:

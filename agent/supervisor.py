@@ -24,8 +24,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -33,17 +31,16 @@ import yaml
 from agent.engine_process import (
     SIGKILL,
     SIGTERM,
-    EngineProcess,
     Launcher,
     PidRecord,
     Prober,
-    log_tail,
     rotate_log,
     truncate_if_large,
 )
 from agent.gpu import EngineLoad
 from agent.instance_spec import InstanceSpec, SupervisorPolicy, api_key_in, engine_config
 from agent.private_files import private_dir, write_private
+from agent.supervised_instance import SupervisedInstance, exit_info
 from protocol.engine_config import ServeConfigError
 from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
@@ -51,27 +48,6 @@ log = logging.getLogger("dctl.agent.supervisor")
 ENGINE_COMMAND = [sys.executable, "-m", "engine.serve"]
 Clock = Callable[[], float]
 TransitionCallback = Callable[[int, InstanceState, InstanceState, str], None]
-
-
-@dataclass
-class _Instance:
-    spec: InstanceSpec
-    state: InstanceState = InstanceState.PENDING
-    process: EngineProcess | None = None
-    started_at: float = 0.0
-    ready_since: float | None = None
-    restart_count: int = 0
-    failures: int = 0
-    next_start_at: float = 0.0
-    next_probe_at: float = 0.0
-    probe_failures: int = 0
-    stop_deadline: float | None = None
-    killed: bool = False
-    after_stop: str = "stay"  # "stay" stopped, "restart" after a failure, "remove" forget it
-    last_exit: ExitInfo | None = None
-    message: str = ""
-    note: str = ""  # said by the agent about this instance (e.g. its new snapshot was refused)
-    busy_ratio: float = 0.0
 
 
 class Supervisor:
@@ -95,7 +71,7 @@ class Supervisor:
         self.on_transition = on_transition
         base_env = env if env is not None else dict(os.environ)
         self.env = {k: v for k, v in base_env.items() if not k.startswith("DCTL_")}
-        self._instances: dict[int, _Instance] = {}
+        self._instances: dict[int, SupervisedInstance] = {}
         private_dir(run_dir)
 
     # --- paths ---------------------------------------------------------------------------------
@@ -117,7 +93,7 @@ class Supervisor:
         """Run SPEC. An instance already running another spec is drained and replaced."""
         current = self._instances.get(spec.instance_id)
         if current is None:
-            self._instances[spec.instance_id] = _Instance(spec=spec)
+            self._instances[spec.instance_id] = SupervisedInstance(spec=spec)
             self._start(self._instances[spec.instance_id])
             return
         current.note = ""
@@ -151,7 +127,7 @@ class Supervisor:
 
     def mark_failed(self, instance_id: int, spec: InstanceSpec, reason: str) -> None:
         """Record an instance that cannot run (e.g. its snapshot was rejected)."""
-        inst = self._instances.setdefault(instance_id, _Instance(spec=spec))
+        inst = self._instances.setdefault(instance_id, SupervisedInstance(spec=spec))
         if inst.process is None or inst.process.poll() is not None:
             self._set(inst, InstanceState.FAILED, reason)
         else:
@@ -178,7 +154,7 @@ class Supervisor:
 
     # --- lifecycle -------------------------------------------------------------------------------
 
-    def _set(self, inst: _Instance, state: InstanceState, message: str = "") -> None:
+    def _set(self, inst: SupervisedInstance, state: InstanceState, message: str = "") -> None:
         old = inst.state
         inst.state = state
         inst.message = message
@@ -189,7 +165,7 @@ class Supervisor:
             if self.on_transition:
                 self.on_transition(inst.spec.instance_id, old, state, message)
 
-    def _start(self, inst: _Instance) -> None:
+    def _start(self, inst: SupervisedInstance) -> None:
         spec = inst.spec
         config_path = self.config_path(spec.instance_id)
         try:
@@ -229,26 +205,18 @@ class Supervisor:
         self._save_pid(inst)
         self._set(inst, InstanceState.STARTING, f"pid {inst.process.pid} on port {spec.port}")
 
-    def _save_pid(self, inst: _Instance) -> None:
-        assert inst.process is not None
-        PidRecord(
-            instance_id=inst.spec.instance_id,
-            pid=inst.process.pid,
-            port=inst.spec.port,
-            config_path=str(self.config_path(inst.spec.instance_id)),
-            fingerprint=inst.spec.fingerprint(),
-            spec=inst.spec.record(),
-            restart_count=inst.restart_count,
-        ).save(self._pid_file(inst.spec.instance_id))
+    def _save_pid(self, inst: SupervisedInstance) -> None:
+        instance_id = inst.spec.instance_id
+        inst.pid_record(self.config_path(instance_id)).save(self._pid_file(instance_id))
 
-    def _begin_stop(self, inst: _Instance, then: str, reason: str) -> None:
+    def _begin_stop(self, inst: SupervisedInstance, then: str, reason: str) -> None:
         assert inst.process is not None
         inst.process.send(SIGTERM)
         inst.stop_deadline = self.clock() + self.policy.stop_grace_s
         inst.after_stop = then
         self._set(inst, InstanceState.STOPPING, reason)
 
-    def _finish_stop(self, inst: _Instance, remove: bool) -> None:
+    def _finish_stop(self, inst: SupervisedInstance, remove: bool) -> None:
         inst.process = None
         self._pid_file(inst.spec.instance_id).unlink(missing_ok=True)
         if remove:
@@ -257,7 +225,7 @@ class Supervisor:
         else:
             self._set(inst, InstanceState.STOPPED, "stopped")
 
-    def _fail(self, inst: _Instance, exit_info: ExitInfo) -> None:
+    def _fail(self, inst: SupervisedInstance, exit_info: ExitInfo) -> None:
         """A crash or failed health: schedule a restart with backoff."""
         inst.last_exit = exit_info
         inst.process = None
@@ -272,17 +240,9 @@ class Supervisor:
         )
         self._set(inst, state, f"{exit_info.reason}; restart in {delay:.0f} s")
 
-    def _exit_info(self, inst: _Instance, code: int | None, reason: str) -> ExitInfo:
-        """How the engine ended; CODE < 0 is a signal, -1 an adopted process of unknown fate."""
-        # Only an engine that exited on its own has last words worth reporting.
-        tail = log_tail(self.log_path(inst.spec.instance_id)) if code and code > 0 else ""
-        text = reason if not tail else f"{reason}; log: {tail}"
-        return ExitInfo(
-            code=code if code is not None and code >= 0 else None,
-            signal=-code if code is not None and code < -1 else None,
-            reason=text[:1000],
-            at=datetime.now(UTC),
-        )
+    def _exit_info(self, inst: SupervisedInstance, code: int | None, reason: str) -> ExitInfo:
+        """How the engine ended (see `exit_info`), with the tail of its own log."""
+        return exit_info(self.log_path(inst.spec.instance_id), code, reason)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -292,7 +252,7 @@ class Supervisor:
         for inst in list(self._instances.values()):
             self._tick_one(inst, now)
 
-    def _tick_one(self, inst: _Instance, now: float) -> None:
+    def _tick_one(self, inst: SupervisedInstance, now: float) -> None:
         state = inst.state
         if state in (InstanceState.BACKOFF, InstanceState.CRASH_LOOP):
             if now >= inst.next_start_at:
@@ -354,7 +314,7 @@ class Supervisor:
         else:
             self._set(inst, InstanceState.UNHEALTHY, "liveness probe failed")
 
-    def _restart_unhealthy(self, inst: _Instance, reason: str) -> None:
+    def _restart_unhealthy(self, inst: SupervisedInstance, reason: str) -> None:
         assert inst.process is not None
         inst.process.send(SIGKILL)  # it does not answer, so draining it would only wait
         self._fail(inst, self._exit_info(inst, None, reason))
@@ -380,7 +340,7 @@ class Supervisor:
                 # grace decide is safer than starting a duplicate on the same port.
                 log.info("instance %s: pid %s does not answer yet", record.instance_id, record.pid)
             now = self.clock()
-            inst = _Instance(
+            inst = SupervisedInstance(
                 spec=spec,
                 process=process,
                 started_at=now,
@@ -423,22 +383,7 @@ class Supervisor:
 
     def observed(self) -> list[ObservedInstance]:
         """Every instance as the heartbeat reports it."""
-        result = []
-        for inst in self._instances.values():
-            pid = inst.process.pid if inst.process is not None else None
-            result.append(
-                ObservedInstance(
-                    instance_id=inst.spec.instance_id,
-                    state=inst.state,
-                    pid=pid,
-                    port=inst.spec.port,
-                    restart_count=inst.restart_count,
-                    last_exit=inst.last_exit,
-                    version_digest=inst.spec.digest,
-                    message="; ".join(m for m in (inst.message, inst.note) if m)[:1000],
-                )
-            )
-        return result
+        return [inst.observed() for inst in self._instances.values()]
 
     def ready_endpoints(self) -> dict[int, tuple[str, int]]:
         """Instance id -> (address, port) of every ready engine (for metrics scraping)."""
@@ -450,17 +395,5 @@ class Supervisor:
 
     def loads(self, memory_bytes: Callable[[int], int] | None = None) -> list[EngineLoad]:
         """What each running engine holds, for the fake GPU backend."""
-        loads = []
-        for inst in self._instances.values():
-            if inst.process is None:
-                continue
-            held = memory_bytes(inst.process.pid) if memory_bytes else 0
-            loads.append(
-                EngineLoad(
-                    pid=inst.process.pid,
-                    device_indices=inst.spec.gpu_indices or (0,),
-                    memory_bytes=held,
-                    busy_ratio=inst.busy_ratio,
-                )
-            )
-        return loads
+        loads = (inst.engine_load(memory_bytes) for inst in self._instances.values())
+        return [load for load in loads if load is not None]

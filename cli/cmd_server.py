@@ -21,13 +21,19 @@ db_app = typer.Typer(
 DB_OPTION = typer.Option(
     None, "--db", help="Database URL (default: DCTL_DATABASE_URL, else SQLite in the data dir)."
 )
+CONFIG_OPTION = typer.Option(
+    None,
+    "--config",
+    help="Settings file whose [controlplane] table to read (default: DCTL_CONFIG, else "
+    "~/.config/dctl/config.toml).",
+)
 
 
-def _settings(**overrides: object) -> ControlPlaneSettings:
+def _settings(config: Path | None, **overrides: object) -> ControlPlaneSettings:
     from controlplane.settings import SettingsError, load_controlplane_settings
 
     try:
-        return load_controlplane_settings(**overrides)
+        return load_controlplane_settings(config, **overrides)
     except SettingsError as exc:
         fail(str(exc), USAGE)
 
@@ -99,6 +105,7 @@ def _tls_files(settings: ControlPlaneSettings) -> tuple[str, str] | None:
 
 def server(
     db: str | None = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
     host: str | None = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
     port: int | None = typer.Option(None, "--port", help="Port to listen on [8700]."),
     migrate: bool = typer.Option(
@@ -117,7 +124,9 @@ def server(
     from controlplane import migrate as migrations
     from protocol.logs import configure_logging
 
-    settings = _settings(database_url=db, host=host, port=port, tls_cert=tls_cert, tls_key=tls_key)
+    settings = _settings(
+        config, database_url=db, host=host, port=port, tls_cert=tls_cert, tls_key=tls_key
+    )
     tls = _tls_files(settings)
     url = _database_url(settings)
     configure_logging(settings.log_level, settings.log_format)
@@ -148,7 +157,7 @@ def server(
     if secret is not None and not _announce_admin_token(secret, settings, tls):
         _discard_admin_token(url, secret)
 
-    config = uvicorn.Config(
+    server_config = uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
@@ -158,7 +167,7 @@ def server(
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
     )
-    runner = uvicorn.Server(config)
+    runner = uvicorn.Server(server_config)
     runner.run(sockets=[listener])
     if not runner.started:
         fail("the control plane did not start; the log above says why")
@@ -251,28 +260,30 @@ def _discard_admin_token(url: str, secret: str) -> NoReturn:
 def db_upgrade(
     revision: str = typer.Argument("head", help="Target revision [head]."),
     db: str | None = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Upgrade the database to the latest schema (or to REVISION)."""
-    _run_alembic("upgrade", revision, db)
+    _run_alembic("upgrade", revision, db, config)
 
 
 @db_app.command("downgrade")
 def db_downgrade(
     revision: str = typer.Argument(..., help="Target revision, or `base` to drop everything."),
     db: str | None = DB_OPTION,
+    config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Downgrade the database to REVISION."""
-    _run_alembic("downgrade", revision, db)
+    _run_alembic("downgrade", revision, db, config)
 
 
 @db_app.command("current")
-def db_current(db: str | None = DB_OPTION) -> None:
+def db_current(db: str | None = DB_OPTION, config: Path | None = CONFIG_OPTION) -> None:
     """Show the database's schema revision and whether it is the newest."""
     import sqlalchemy as sa
 
     from controlplane import migrate as migrations
 
-    url = _database_url(_settings(database_url=db))
+    url = _database_url(_settings(config, database_url=db))
     try:
         at, newest = migrations.current(url), migrations.head()
     except migrations.SchemaError as exc:
@@ -283,13 +294,13 @@ def db_current(db: str | None = DB_OPTION) -> None:
     print(f"{at or 'empty'} ({state})")
 
 
-def _run_alembic(direction: str, revision: str, db: str | None) -> None:
+def _run_alembic(direction: str, revision: str, db: str | None, config: Path | None) -> None:
     import sqlalchemy as sa
     from alembic.util import CommandError
 
     from controlplane import migrate as migrations
 
-    url = _database_url(_settings(database_url=db))
+    url = _database_url(_settings(config, database_url=db))
     step = migrations.upgrade if direction == "upgrade" else migrations.downgrade
     try:
         step(url, revision)

@@ -8,6 +8,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
 
 from protocol import paths
 from protocol.settings import (
@@ -69,9 +70,18 @@ class ControlPlaneSettings(FileBackedSettings):
         return self.database_url or f"sqlite:///{self.data_dir / 'dctl.db'}"
 
 
-def load_controlplane_settings(**overrides: Any) -> ControlPlaneSettings:
-    """Load settings, turning validation errors into a `SettingsError` with one clear line."""
+def load_controlplane_settings(
+    config_file: Path | None = None, **overrides: Any
+) -> ControlPlaneSettings:
+    """Load settings; flags come as OVERRIDES (None: not given). Raises `SettingsError`, with
+    one clear line for a validation error.
+
+    CONFIG_FILE (from `--config`) replaces the default file; unlike the default, it must exist.
+    """
+    given = {key: value for key, value in overrides.items() if value is not None}
     try:
-        return ControlPlaneSettings(**{k: v for k, v in overrides.items() if v is not None})
+        return ControlPlaneSettings.load(config_file, **given)
     except ValidationError as exc:
         raise SettingsError(describe_validation_error(exc)) from exc
+    except SourceError as exc:  # e.g. a value pydantic-settings could not decode
+        raise SettingsError(f"invalid settings: {exc}") from exc

@@ -93,6 +93,14 @@ def test_invalid_setting_fails_with_one_line_naming_it(env: dict[str, str], need
     assert needle in message and "\n" not in message
 
 
+@pytest.mark.parametrize("command", [["server"], ["db", "upgrade"], ["db", "current"]])
+def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path: Path, command: list[str]) -> None:
+    missing = tmp_path / "controlplane.toml"
+    result = run(*command, "--config", str(missing), env={"HOME": str(tmp_path)})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: config file {missing} does not exist"]
+
+
 def test_ctrl_c_exits_130_without_a_traceback(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -39,6 +39,30 @@ def test_file_then_env_then_flags(isolated_home: Path, monkeypatch: pytest.Monke
     assert load_controlplane_settings(port=9200).port == 9200
 
 
+def test_a_named_file_then_env_then_flags(
+    isolated_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = isolated_home / ".config" / "dctl" / "config.toml"
+    default.parent.mkdir(parents=True)
+    default.write_text("[controlplane]\nport = 8000\nlease_s = 7\n")
+    named = isolated_home / "controlplane.toml"
+    named.write_text('[controlplane]\nport = 9000\nhost = "0.0.0.0"\n')
+    monkeypatch.setenv("DCTL_CONFIG", str(default))  # the named file wins over DCTL_CONFIG too
+    settings = load_controlplane_settings(named)
+    assert (settings.port, settings.host, settings.lease_s) == (9000, "0.0.0.0", 5.0)
+    monkeypatch.setenv("DCTL_PORT", "9100")
+    settings = load_controlplane_settings(named)
+    assert (settings.port, settings.host) == (9100, "0.0.0.0")
+    assert load_controlplane_settings(named, port=9200, host=None).port == 9200
+    assert load_controlplane_settings().port == 9100  # the file was only for that call
+
+
+def test_a_named_file_must_exist(isolated_home: Path) -> None:
+    missing = isolated_home / "nope.toml"
+    with pytest.raises(SettingsError, match=f"config file {missing} does not exist"):
+        load_controlplane_settings(missing)
+
+
 def test_yaml_config_file(isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     config = isolated_home / "dctl.yaml"
     config.write_text("controlplane:\n  heartbeat_interval_s: 2.5\n")

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -88,3 +89,41 @@ def test_a_large_legitimate_page_is_scraped_and_an_engine_can_recover() -> None:
         scraper.close()
     assert text is not None and len(text) == len(page)
     assert parse_metrics(text).gauges["dllm_requests_running"] == 3
+
+
+def test_a_trickling_metrics_body_is_dropped_at_the_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def trickle(stop: threading.Event) -> Iterator[bytes]:
+        """One byte every 0.1 s, forever: each read is quick, the scrape never ends."""
+        while not stop.is_set():
+            yield b"x"
+            time.sleep(0.1)
+
+    def route(seen: Seen) -> Answer:
+        return 200, {}, trickle(server.stop)
+
+    with LoopbackServer(route) as server:
+        scraper = HttpMetricsScraper(timeout_s=1.0, deadline_s=1.5)
+        results: list[str | None] = []
+        for _ in range(2):  # dropped each time, warned once
+            started = time.monotonic()
+            results.append(scraper("127.0.0.1", server.port))
+            assert time.monotonic() - started < 1.5 + 1.0
+        scraper.close()
+    assert results == [None, None]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "/metrics took over 1.5s" in warnings[0].getMessage()
+
+
+def test_the_default_deadline_is_twice_the_read_timeout() -> None:
+    ticks = iter([0.0, 0.5, 3.9, 4.1])
+
+    def route(seen: Seen) -> Answer:
+        return 200, {}, endless(b"y" * 1024, stop=server.stop)
+
+    with LoopbackServer(route) as server:
+        scraper = HttpMetricsScraper(timeout_s=2.0, clock=lambda: next(ticks))
+        assert scraper("127.0.0.1", server.port) is None  # dropped on the fourth tick: 4.1 > 4.0
+        scraper.close()
+    assert next(ticks, None) is None
