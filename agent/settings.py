@@ -28,7 +28,6 @@ from pydantic_settings import (
     NoDecode,
     SettingsConfigDict,
 )
-from pydantic_settings import SettingsError as SourceError
 
 from agent.gpu import FakeBackend, parse_spec
 from protocol import paths
@@ -55,6 +54,12 @@ class AgentSettings(FileBackedSettings):
     """Settings of `dctl agent` (and of `dctl agent preflight` / `verify`)."""
 
     config_section: ClassVar[str] = "agent"
+
+    @classmethod
+    def describe_error(cls, exc: ValidationError) -> str:
+        """The bad setting with its flag and `DCTL_AGENT_` env var, or the unknown key."""
+        return describe_agent_error(exc)
+
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
 
     control_plane: str | None = Field(default=None, description="control-plane URL")
@@ -222,7 +227,7 @@ class AgentSettings(FileBackedSettings):
         return token
 
 
-def _describe(exc: ValidationError) -> str:
+def describe_agent_error(exc: ValidationError) -> str:
     """One line naming the bad setting, where it can be set, and what is allowed."""
     err = exc.errors()[0]
     name = str(err["loc"][0]) if err["loc"] else "settings"
@@ -243,10 +248,4 @@ def load_agent_settings(config_file: Path | None = None, **overrides: Any) -> Ag
 
     CONFIG_FILE (from `--config`) replaces the default file; unlike the default, it must exist.
     """
-    given = {key: value for key, value in overrides.items() if value is not None}
-    try:
-        return AgentSettings.load(config_file, **given)
-    except ValidationError as exc:
-        raise SettingsError(_describe(exc)) from None
-    except SourceError as exc:  # e.g. a value pydantic-settings could not decode
-        raise SettingsError(f"invalid settings: {exc}") from None
+    return AgentSettings.load(config_file, **overrides)

@@ -6,9 +6,8 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
-from pydantic_settings import SettingsError as SourceError
 
 from protocol import paths
 from protocol.settings import (
@@ -16,7 +15,6 @@ from protocol.settings import (
     LogFormat,
     LogLevel,
     SettingsError,
-    describe_validation_error,
 )
 
 __all__ = ["ControlPlaneSettings", "SettingsError", "load_controlplane_settings"]
@@ -73,15 +71,8 @@ class ControlPlaneSettings(FileBackedSettings):
 def load_controlplane_settings(
     config_file: Path | None = None, **overrides: Any
 ) -> ControlPlaneSettings:
-    """Load settings; flags come as OVERRIDES (None: not given). Raises `SettingsError`, with
-    one clear line for a validation error.
+    """Load settings; flags come as OVERRIDES (None: not given). Raises `SettingsError`.
 
     CONFIG_FILE (from `--config`) replaces the default file; unlike the default, it must exist.
     """
-    given = {key: value for key, value in overrides.items() if value is not None}
-    try:
-        return ControlPlaneSettings.load(config_file, **given)
-    except ValidationError as exc:
-        raise SettingsError(describe_validation_error(exc)) from exc
-    except SourceError as exc:  # e.g. a value pydantic-settings could not decode
-        raise SettingsError(f"invalid settings: {exc}") from exc
+    return ControlPlaneSettings.load(config_file, **overrides)

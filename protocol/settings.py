@@ -15,6 +15,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import SettingsError as SourceError
 
 from protocol import paths
 
@@ -77,17 +78,28 @@ class FileBackedSettings(BaseSettings):
 
     @classmethod
     def load(cls, config_file: Path | None = None, **flags: Any) -> Self:
-        """Settings from FLAGS, env, and CONFIG_FILE (a `--config` flag) or the default file.
+        """Settings from FLAGS (None: not given), env, and CONFIG_FILE or the default file.
 
-        Unlike the default file, a named one must exist. Validation errors propagate.
+        CONFIG_FILE comes from a `--config` flag; unlike the default file, it must exist. Any
+        bad value is a `SettingsError` with one line naming it (`describe_error`).
         """
         if config_file is not None and not config_file.is_file():
             raise SettingsError(f"config file {config_file} does not exist")
+        given = {key: value for key, value in flags.items() if value is not None}
         token = _named_file.set(config_file)
         try:
-            return cls(**flags)
+            return cls(**given)
+        except ValidationError as exc:
+            raise SettingsError(cls.describe_error(exc)) from None
+        except SourceError as exc:  # e.g. an env value pydantic-settings could not decode
+            raise SettingsError(f"invalid settings: {exc}") from None
         finally:
             _named_file.reset(token)
+
+    @classmethod
+    def describe_error(cls, exc: ValidationError) -> str:
+        """One line for the first bad setting; parts override it to name their flags."""
+        return describe_validation_error(exc)
 
 
 def describe_validation_error(exc: ValidationError, prefix: str = "DCTL_") -> str:
