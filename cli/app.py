@@ -16,6 +16,7 @@ from cli import (
     cmd_deploy,
     cmd_engine,
     cmd_fleet,
+    cmd_gateway,
     cmd_model,
     cmd_rollout,
     cmd_server,
@@ -56,7 +57,7 @@ def root(
     """dctl: run fleets of GPU hosts that serve MoE block-diffusion language models."""
 
 
-for module in (cmd_server, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
+for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
     module.register(app)
 cmd_fleet.register(app)
 cmd_up.register(app)

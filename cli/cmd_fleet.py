@@ -264,13 +264,28 @@ def token_create(
     uses: int | None = typer.Option(
         None, "--uses", min=1, help="Uses before it stops working (bootstrap: --uses 1 per host)."
     ),
+    deployments: str | None = typer.Option(
+        None,
+        "--deployments",
+        help="Client tokens: the deployments it may call through the gateway, e.g. a,b "
+        "(default: all).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Create token NAME (admin); the secret is printed once and never again."""
+    """Create token NAME (admin); the secret is printed once and never again.
+
+    Roles: viewer < operator < admin use the control plane's API; bootstrap registers agents;
+    gateway is what `dctl gateway` runs with; client calls the gateway's OpenAI API.
+    """
     from protocol.rest import TokenCreate
 
     expires_s = parse_duration(expires) if expires else None
-    spec = validated(lambda: TokenCreate(name=name, role=role, expires_in_s=expires_s, uses=uses))
+    scope = None if deployments is None else [d.strip() for d in deployments.split(",")]
+    spec = validated(
+        lambda: TokenCreate(
+            name=name, role=role, expires_in_s=expires_s, uses=uses, deployments=scope
+        )
+    )
     with connect() as api:
         token = api.create_token(spec)
     if as_json:

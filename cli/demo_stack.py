@@ -1,10 +1,10 @@
-"""`dctl up --demo`: control plane, agent and engine on this machine, wired together.
+"""`dctl up --demo`: control plane, agent, engine and gateway on this machine, wired together.
 
-The control plane (SQLite under the data dir) and the agent run as child processes in their own
-sessions, so a Ctrl-C reaches only this process, which then stops them in order: the agent
-first (it drains its engines), then the control plane. Every step is idempotent, so running
-`dctl up --demo` again on the same data dir reuses the checkpoint, the registration, the
-agent's identity and the deployment.
+The control plane (SQLite under the data dir), the agent and the gateway run as child processes
+in their own sessions, so a Ctrl-C reaches only this process, which then stops them in order:
+the gateway, the agent (it drains its engines), then the control plane. Every step is
+idempotent, so running `dctl up --demo` again on the same data dir reuses the checkpoint, the
+registration, the agent's identity, the deployment, the gateway's port and the demo's tokens.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Literal
 
 from cli.exits import CliError
+
+if TYPE_CHECKING:
+    from client.http import ControlPlaneClient
 
 DEPLOYMENT = "demo"
 MODEL, VERSION = "demo", "v1"
@@ -34,8 +37,10 @@ class DemoEndpoints:
     """What the demo prints once it is up."""
 
     control_plane: str
-    base_url: str
-    api_key: str
+    base_url: str  # the gateway's
+    api_key: str  # a client token, good for every deployment
+    engine_url: str  # the engine itself, bypassing the gateway
+    engine_key: str
     context: str
     context_is_current: bool
 
@@ -171,6 +176,68 @@ class DemoStack:
             self.say(f"warning: credentials not saved: {exc}")
             return "", False
 
+    def _secret(self, name: str, mint: Callable[[], str]) -> str:
+        """A token the demo keeps in a 0600 file of its data dir, minted on the first run."""
+        path = self.data_dir / name
+        if path.is_file() and (saved := path.read_text().strip()):
+            return saved
+        secret = mint()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret + "\n")
+        return secret
+
+    def _gateway_port(self) -> int:
+        """The gateway's port: that of an earlier run when still free, else a new free one."""
+        saved = self.data_dir / "gateway-port"
+        if saved.is_file() and saved.read_text().strip().isdigit():
+            port = int(saved.read_text().strip())
+            if port_is_free(port):
+                return port
+        port = free_port_range(1)[0]
+        saved.write_text(f"{port}\n")
+        return port
+
+    def _start_gateway(self, api: ControlPlaneClient, env: dict[str, str]) -> tuple[str, str]:
+        """Start the gateway and wait until a chat completion through it succeeds.
+
+        Returns its OpenAI base URL and the client token the demo prints.
+        """
+        import httpx
+
+        from protocol.rest import TokenCreate
+
+        def mint(role: Literal["gateway", "client"]) -> Callable[[], str]:
+            name = f"demo-{role}-{secrets.token_hex(3)}"
+            return lambda: api.create_token(TokenCreate(name=name, role=role)).secret
+
+        self._secret("gateway-token", mint("gateway"))
+        client_key = self._secret("client-token", mint("client"))
+        port = self._gateway_port()
+        self.say(f"starting the gateway on http://127.0.0.1:{port}")
+        self._spawn(
+            "gateway",
+            self._dctl("gateway", "--control-plane", self.url, "--token-file",
+                       str(self.data_dir / "gateway-token"), "--port", str(port)),
+            env,
+        )  # fmt: skip
+        base_url = f"http://127.0.0.1:{port}/v1"
+        probe = {"model": DEPLOYMENT, "messages": [{"role": "user", "content": "Hi"}],
+                 "max_tokens": 1}  # fmt: skip
+
+        def serves() -> bool:
+            try:
+                reply = httpx.post(
+                    f"{base_url}/chat/completions", json=probe, timeout=30,
+                    headers={"Authorization": f"Bearer {client_key}"},
+                )  # fmt: skip
+            except httpx.HTTPError:
+                return False
+            return reply.status_code == 200
+
+        self._wait_for("a request through the gateway to succeed", serves, 120)
+        return base_url, client_key
+
     def _engine_ports(self) -> tuple[int, int]:
         """The ports offered to the agent: those of an earlier run when still free, so the
         instance keeps its port (and the printed URL) across runs."""
@@ -296,10 +363,17 @@ class DemoStack:
 
         self.say("waiting for the engine to load the model and become ready")
         self._wait_for("the demo instance to become ready", instance_ready, self.timeout_s)
+        base_url, client_key = self._start_gateway(api, env)
         api.close()
         instance_id, port = ready_instances[0]
         return DemoEndpoints(
-            self.url, f"http://127.0.0.1:{port}/v1", self._engine_key(instance_id), context, current
+            self.url,
+            base_url,
+            client_key,
+            f"http://127.0.0.1:{port}/v1",
+            self._engine_key(instance_id),
+            context,
+            current,
         )
 
     def _engine_key(self, instance_id: int) -> str:
@@ -322,8 +396,8 @@ class DemoStack:
             self._check_children()
 
     def stop(self) -> None:
-        """Stop the agent (draining its engines), then the control plane."""
-        for name in ("agent", "control plane"):
+        """Stop the gateway, the agent (draining its engines), then the control plane."""
+        for name in ("gateway", "agent", "control plane"):
             child = self.children.get(name)
             if child is None or child.poll() is not None:
                 continue
@@ -372,6 +446,8 @@ def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
                     f"Control plane: {endpoints.control_plane}",
                     f"OpenAI base URL: {endpoints.base_url}",
                     f"OpenAI API key: {endpoints.api_key}",
+                    f"Engine, bypassing the gateway: {endpoints.engine_url} "
+                    f"(API key {endpoints.engine_key})",
                     *([context_note] if context_note else []),
                     "Try:",
                     f"  {sample}",

@@ -1,21 +1,30 @@
 """The control plane's REST API as data: one function per endpoint, returning the `Call` to make.
 
-A `Call` says everything about one request — method, path, query, JSON body — and how to read
-the answer into its response model. Nothing here sends anything: `ControlPlaneClient` and
-`AsyncControlPlaneClient` execute the same calls, so each endpoint is written once and the two
-clients cannot drift apart.
+A `Call` says everything about one request — method, path, query, JSON body, extra headers — and
+how to read the answer into its response model. Nothing here sends anything:
+`ControlPlaneClient` and `AsyncControlPlaneClient` execute the same calls, so each endpoint is
+written once and the two clients cannot drift apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter
 
+from protocol.gateway import (
+    CanaryOut,
+    CanarySet,
+    DeploymentTraffic,
+    RouteTable,
+    TrafficAccepted,
+    TrafficReport,
+)
 from protocol.rest import (
     DeploymentCreate,
     DeploymentOut,
@@ -40,7 +49,9 @@ M = TypeVar("M", bound=BaseModel)
 class Call(Generic[T]):
     """One request and how to read its answer; `read` raises `ValidationError` on a bad shape.
 
-    Query parameters that are None are left out, so optional filters need no special casing.
+    Query parameters that are None are left out, so optional filters need no special casing;
+    datetimes go out in ISO 8601. `headers` are sent besides the client's own. With
+    `not_modified_is_none`, a 304 answer (to a conditional request) reads as None.
     """
 
     method: str
@@ -48,11 +59,22 @@ class Call(Generic[T]):
     read: Callable[[Any], T]
     params: Mapping[str, Any] = field(default_factory=dict)
     json: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    not_modified_is_none: bool = False
 
     def query(self) -> dict[str, Any] | None:
         """The query parameters to send (None values dropped), or None for no query string."""
-        clean = {k: v for k, v in self.params.items() if v is not None}
+        clean = {k: _query_value(v) for k, v in self.params.items() if v is not None}
         return clean or None
+
+
+def _query_value(value: Any) -> Any:
+    """A query value as sent: datetimes in ISO 8601 (UTC as `Z`), anything else as it is."""
+    if isinstance(value, datetime):
+        if value.tzinfo is not None:
+            return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+        return value.isoformat()
+    return value
 
 
 def segment(value: str) -> str:
@@ -222,6 +244,47 @@ def update_deployment(name: str, change: DeploymentUpdate) -> Call[DeploymentOut
 def delete_deployment(name: str) -> Call[None]:
     """Delete a deployment; its agents stop its instances (operator)."""
     return Call("DELETE", f"{API}/deployments/{segment(name)}", nothing)
+
+
+def set_canary(name: str, spec: CanarySet) -> Call[CanaryOut]:
+    """Run SPEC.version on SPEC.instances instances of deployment NAME and send it SPEC.weight
+    percent of the gateway's requests; again to change weight or instances (operator)."""
+    body = spec.model_dump(mode="json")
+    return Call("PUT", f"{API}/deployments/{segment(name)}/canary", one(CanaryOut), json=body)
+
+
+def clear_canary(name: str) -> Call[CanaryOut]:
+    """End deployment NAME's canary: its instances run the stable version again (operator)."""
+    return Call("DELETE", f"{API}/deployments/{segment(name)}/canary", one(CanaryOut))
+
+
+def deployment_traffic(
+    name: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    step_s: int | None = None,
+) -> Call[DeploymentTraffic]:
+    """What the gateways served deployment NAME per version, merged, over (SINCE, UNTIL]
+    (defaults: the last 5 minutes, steps of 10 s), with the engines' diffusion figures."""
+    params = {"since": since, "until": until, "step_s": step_s}
+    path = f"{API}/deployments/{segment(name)}/traffic"
+    return Call("GET", path, one(DeploymentTraffic), params)
+
+
+# Gateways -------------------------------------------------------------------------------------
+
+
+def routes(etag: str | None = None) -> Call[RouteTable | None]:
+    """The routing table (role gateway); given the ETag of the table in hand, None while it is
+    unchanged (the control plane answers 304)."""
+    headers = {"If-None-Match": f'"{etag}"'} if etag else {}
+    return Call("GET", f"{API}/routes", one(RouteTable), headers=headers, not_modified_is_none=True)
+
+
+def report_traffic(report: TrafficReport) -> Call[TrafficAccepted]:
+    """Post a gateway's traffic windows (role gateway); unknown ones come back as skipped."""
+    body = report.model_dump(mode="json")
+    return Call("POST", f"{API}/traffic", one(TrafficAccepted), json=body)
 
 
 # Events --------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 from pydantic import ValidationError
@@ -108,6 +108,8 @@ def _unreachable(base_url: str, exc: Exception) -> ClientError:
 
 def answer(base_url: str, call: Call[T], response: httpx.Response) -> T:
     """What CALL returns for RESPONSE, or a `ClientError` saying why there is nothing to return."""
+    if response.status_code == 304 and call.not_modified_is_none:
+        return cast(T, None)  # httpx counts 304 among redirects: answered before them
     if response.is_redirect:
         # Redirects are not followed: a bearer token must not be replayed to another address.
         target = response.headers.get("location", "elsewhere")

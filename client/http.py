@@ -108,6 +108,11 @@ class _BaseClient(ABC):
     create_deployment = Endpoint(calls.create_deployment)
     update_deployment = Endpoint(calls.update_deployment)
     delete_deployment = Endpoint(calls.delete_deployment)
+    set_canary = Endpoint(calls.set_canary)
+    clear_canary = Endpoint(calls.clear_canary)
+    deployment_traffic = Endpoint(calls.deployment_traffic)
+    routes = Endpoint(calls.routes)
+    report_traffic = Endpoint(calls.report_traffic)
     list_events = Endpoint(calls.list_events)
     create_token = Endpoint(calls.create_token)
     list_tokens = Endpoint(calls.list_tokens)
@@ -159,7 +164,7 @@ class ControlPlaneClient(_BaseClient):
         """Make CALL and return its answer; every failure is a `ClientError`."""
         with transport_errors(self.base_url):
             request = self._http.build_request(
-                call.method, call.path, params=call.query(), json=call.json
+                call.method, call.path, params=call.query(), json=call.json, headers=call.headers
             )
             response = self._http.send(request)
         return answer(self.base_url, call, response)
@@ -202,7 +207,7 @@ class AsyncControlPlaneClient(_BaseClient):
         """Make CALL and return its answer; every failure is a `ClientError`."""
         with transport_errors(self.base_url):
             request = self._http.build_request(
-                call.method, call.path, params=call.query(), json=call.json
+                call.method, call.path, params=call.query(), json=call.json, headers=call.headers
             )
             response = await self._http.send(request)
         return answer(self.base_url, call, response)

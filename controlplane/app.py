@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
-from controlplane.api import agents, deployments, events, health, hosts, models, tokens
+from controlplane.api import agents, deployments, events, gateway, health, hosts, models, tokens
 from controlplane.api.body_limit import RequestBodyLimit
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
@@ -29,7 +29,7 @@ from controlplane.settings import ControlPlaneSettings
 from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 # Agents first: the heartbeat route is matched most often.
-ROUTERS = (agents, hosts, models, deployments, events, tokens, health)
+ROUTERS = (agents, gateway, hosts, models, deployments, events, tokens, health)
 
 
 def utc_now() -> datetime:

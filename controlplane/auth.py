@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
 import secrets
 import threading
 from collections import OrderedDict
@@ -15,10 +13,9 @@ from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from controlplane.models import ApiToken
+from protocol.tokens import TOKEN_PREFIX, hash_secret, key_id_of
 from protocol.vocabulary import Role
 
-TOKEN_PREFIX = "dctl"
-_TOKEN_RE = re.compile(r"^dctl_([a-z0-9]{12})_([A-Za-z0-9_\-]{20,128})$")
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 # A bootstrap token minted without an expiry stops working after this: one forgotten in a
 # provisioning script or a shell history must not register hosts for ever.
@@ -32,6 +29,8 @@ ROLE_GRANTS: dict[Role, frozenset[Role]] = {
     Role.ADMIN: frozenset({Role.VIEWER, Role.OPERATOR, Role.ADMIN}),
     Role.BOOTSTRAP: frozenset({Role.BOOTSTRAP}),
     Role.AGENT: frozenset({Role.AGENT}),
+    Role.GATEWAY: frozenset({Role.GATEWAY}),
+    Role.CLIENT: frozenset({Role.CLIENT}),
 }
 
 
@@ -72,11 +71,6 @@ class NewToken:
 
     row: ApiToken
     secret: str
-
-
-def hash_secret(secret: str) -> str:
-    """SHA-256 hex of a secret (secrets are random, so no slow password hash is needed)."""
-    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def mint_token(
@@ -123,10 +117,10 @@ def authenticate(session: Session, secret: str, now: datetime, *, touch: bool = 
     so reads stay reads); the caller commits. Without it this only reads, and the caller writes
     `last_used_at` where writing is cheap (the heartbeat path, on its writer).
     """
-    match = _TOKEN_RE.match(secret)
-    if match is None:
+    key_id = key_id_of(secret)
+    if key_id is None:
         raise AuthError("invalid token: not a dctl token (dctl_<id>_<secret>)")
-    row = session.exec(select(ApiToken).where(ApiToken.key_id == match.group(1))).first()
+    row = session.exec(select(ApiToken).where(ApiToken.key_id == key_id)).first()
     # Compare even when the row is missing, so timing does not reveal which ids exist.
     expected = row.secret_sha256 if row else "0" * 64
     if not hmac.compare_digest(expected, hash_secret(secret)) or row is None or row.id is None:
@@ -189,10 +183,9 @@ class AgentTokenCache:
 
     def get(self, secret: str, now: datetime) -> Principal | None:
         """The cached principal for `secret`, or None (not cached, stale, expired, mismatch)."""
-        match = _TOKEN_RE.match(secret)
-        if match is None:
+        key_id = key_id_of(secret)
+        if key_id is None:
             return None
-        key_id = match.group(1)
         entry = self._entries.get(key_id)
         if entry is None:
             return None

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from controlplane.eventlog import record_event
-from controlplane.models import Host, MetricSample
+from controlplane.models import Host, MetricSample, TrafficWindow
 from protocol.wire import HostState
 
 NOT_READY_AFTER_INTERVALS = 3
@@ -109,15 +109,20 @@ class HostHealthMonitor:
         return transitions
 
     def prune_samples(self, now: datetime | None = None) -> int:
-        """Delete metric samples older than the retention; returns how many."""
+        """Delete metric samples and gateway traffic windows older than the retention; returns
+        how many rows."""
         cutoff = (now or self._clock()) - self._retention
         with self._engine.begin() as conn:
-            result = conn.execute(delete(MetricSample).where(col(MetricSample.time) < cutoff))
-        return int(getattr(result, "rowcount", 0) or 0)
+            samples = conn.execute(delete(MetricSample).where(col(MetricSample.time) < cutoff))
+            windows = conn.execute(
+                delete(TrafficWindow).where(col(TrafficWindow.ended_at) < cutoff)
+            )
+        return sum(int(getattr(r, "rowcount", 0) or 0) for r in (samples, windows))
 
 
 class HostHealthController:
-    """The host-health controller: a sweep every tick, sample pruning once a minute."""
+    """The host-health controller: a sweep every tick, pruning of samples and traffic windows
+    once a minute."""
 
     name = "host-health"
 

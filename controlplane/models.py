@@ -164,7 +164,10 @@ class Instance(SQLModel, table=True):
 
 
 class Rollout(SQLModel, table=True):
-    """A canary rollout of a deployment to a new version (fields and states; no controller yet)."""
+    """A canary rollout of a deployment to a new version: `canary_instances` of its instances run
+    `to_version_id` and get `canary_weight` percent of the gateway's requests while the rollout
+    is active (`ACTIVE_ROLLOUT_STATES`). `controlplane.services.canary` writes it (by hand today,
+    for the rollout controller later); at most one is active per deployment."""
 
     id: int | None = Field(default=None, primary_key=True)
     deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE"))
@@ -173,6 +176,7 @@ class Rollout(SQLModel, table=True):
     state: str = Field(default="progressing", max_length=16, index=True)
     step_index: int = 0
     canary_weight: int = 0
+    canary_instances: int = 0
     steps: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     analysis: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     message: str = Field(default="", max_length=1000)
@@ -181,6 +185,8 @@ class Rollout(SQLModel, table=True):
 
 
 ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back")
+# States in which a rollout's canary runs and takes traffic.
+ACTIVE_ROLLOUT_STATES = ("progressing", "paused")
 
 
 class Lease(SQLModel, table=True):
@@ -219,6 +225,8 @@ class ApiToken(SQLModel, table=True):
     created_by: str = Field(default="", max_length=128)
     last_used_at: datetime | None = Field(default=None, sa_column=utc_column())
     revoked_at: datetime | None = Field(default=None, sa_column=utc_column())
+    # Client tokens only: the deployments the token may call through the gateway (None: all).
+    deployments: list[str] | None = Field(default=None, sa_column=json_column())
 
 
 class MetricSample(SQLModel, table=True):
@@ -234,3 +242,32 @@ class MetricSample(SQLModel, table=True):
     name: str = Field(max_length=128)
     time: datetime = Field(sa_column=utc_column(False, index=True))
     value: float
+
+
+class TrafficWindow(SQLModel, table=True):
+    """What one gateway served of one (deployment, version, pool) between two times.
+
+    Gateways post these every few seconds; queries add up the rows of every gateway in a range
+    (counts and per-bucket histogram counts over `protocol.gateway.LATENCY_BUCKETS_S` add by
+    position). Kept as long as MetricSample.
+    """
+
+    __table_args__ = (sa.Index("ix_trafficwindow_series", "deployment_id", "ended_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE", index=False))
+    version_id: int = Field(sa_column=fk("modelversion.id", "CASCADE"))
+    pool: str = Field(max_length=16)
+    gateway: str = Field(max_length=128)
+    started_at: datetime = Field(sa_column=utc_column(False))
+    ended_at: datetime = Field(sa_column=utc_column(False, index=True))
+    requests: int = Field(default=0, sa_type=sa.BigInteger)
+    errors_5xx: int = Field(default=0, sa_type=sa.BigInteger)
+    errors_timeout: int = Field(default=0, sa_type=sa.BigInteger)
+    errors_connect: int = Field(default=0, sa_type=sa.BigInteger)
+    client_4xx: int = Field(default=0, sa_type=sa.BigInteger)
+    output_tokens: int = Field(default=0, sa_type=sa.BigInteger)
+    latency_sum_s: float = 0.0
+    latency_buckets: list[int] = Field(default_factory=list, sa_column=json_column(False))
+    ttft_sum_s: float = 0.0
+    ttft_buckets: list[int] = Field(default_factory=list, sa_column=json_column(False))

@@ -1,4 +1,9 @@
-"""Downsampling of heartbeat metrics into MetricSample rows: one row per series per 10 s."""
+"""Downsampling of heartbeat metrics into MetricSample rows: one row per series per 10 s.
+
+Histograms are kept as two counters, their sum and their count (`NAME_sum`, `NAME_count`, the
+names Prometheus gives them), so a mean over any range is sum(_sum) / sum(_count); the buckets
+are Prometheus' to keep.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +26,27 @@ MAX_NAME = 128
 MAX_SERIES_PER_BUCKET = 4096
 
 
+def histogram_sum_name(name: str) -> str:
+    """The counter a histogram's sum is kept under: `NAME_sum`, before any `{labels}`."""
+    return _suffixed(name, "_sum")
+
+
+def histogram_count_name(name: str) -> str:
+    """The counter a histogram's count is kept under: `NAME_count`, before any `{labels}`."""
+    return _suffixed(name, "_count")
+
+
+def _suffixed(series: str, suffix: str) -> str:
+    base, brace, labels = series.partition("{")
+    return f"{base}{suffix}{brace}{labels}"
+
+
 @dataclass
 class HostSampleBucket:
     """The open 10 s bucket of one host, accumulated in memory and written when it closes.
 
-    Counters are summed deltas over the bucket; gauges and GPU readings are the last value
-    seen in it. Rows carry the bucket's start time.
+    Counters (histograms' sums and counts among them) are summed deltas over the bucket; gauges
+    and GPU readings are the last value seen in it. Rows carry the bucket's start time.
 
     With several replicas, one agent's heartbeats may land on more than one of them, each
     holding part of a bucket. A bucket that saw such a heartbeat (`shared`: the caller saw
@@ -63,6 +83,16 @@ class HostSampleBucket:
                 key = (metrics.instance_id, name[:MAX_NAME])
                 if key in counters or len(counters) < MAX_SERIES_PER_BUCKET:
                     counters[key] = counters.get(key, 0.0) + delta
+            for name, hist in metrics.histograms.items():
+                if not hist.count and not hist.sum:
+                    continue  # nothing observed since the last heartbeat: no rows of zeros
+                for series, delta in (
+                    (histogram_sum_name(name), hist.sum),
+                    (histogram_count_name(name), hist.count),
+                ):
+                    key = (metrics.instance_id, series[:MAX_NAME])
+                    if key in counters or len(counters) < MAX_SERIES_PER_BUCKET:
+                        counters[key] = counters.get(key, 0.0) + delta
             for name, value in metrics.gauges.items():
                 gauge = (metrics.instance_id, name[:MAX_NAME])
                 if gauge in gauges or len(gauges) < MAX_SERIES_PER_BUCKET:

@@ -38,6 +38,7 @@ from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
 from engine.params import SamplingParams
 from engine.request_guards import authorize, read_body
+from engine.request_log import RequestLog
 from protocol.engine_config import ServeConfig
 from protocol.openai import (
     ApiError,
@@ -121,6 +122,7 @@ def create_app(state: ServerState) -> FastAPI:
     config, metrics = state.config, state.metrics
     app = FastAPI(title="dctl engine", version="1", docs_url=None, redoc_url=None)
     app.state.server = state
+    app.add_middleware(RequestLog)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from protocol.vocabulary import CreatableRole
 from protocol.wire import (
@@ -217,6 +217,8 @@ class DeploymentOut(ApiModel):
     created_at: datetime
     updated_at: datetime
     instances: list[InstanceOut]
+    canary_version: str | None = Field(default=None, description="VERSION of an active canary")
+    canary_weight: int = Field(default=0, description="percent of gateway requests to it")
 
 
 # --- events ------------------------------------------------------------------------------------
@@ -251,6 +253,22 @@ class TokenCreate(ApiModel):
     role: CreatableRole
     expires_in_s: int | None = Field(default=None, ge=1, le=10 * 365 * 86400)
     uses: int | None = Field(default=None, ge=1, le=1_000_000)
+    deployments: list[Name] | None = Field(
+        default=None,
+        max_length=256,
+        description="client tokens only: the deployments it may call (None: all of them)",
+    )
+
+    @model_validator(mode="after")
+    def _deployments_for_clients(self) -> TokenCreate:
+        if self.deployments is not None and self.role != "client":
+            raise ValueError("deployments applies to client tokens only (role client)")
+        if self.deployments is not None and not self.deployments:
+            raise ValueError("deployments must name at least one deployment (omit it for all)")
+        if self.uses is not None and self.role == "client":
+            # Gateways check client tokens against the routing table's hashes: none counts uses.
+            raise ValueError("uses does not apply to client tokens: give expires_in_s instead")
+        return self
 
 
 class TokenOut(ApiModel):
@@ -266,6 +284,7 @@ class TokenOut(ApiModel):
     created_by: str
     last_used_at: datetime | None
     revoked_at: datetime | None
+    deployments: list[str] | None = None
 
 
 class TokenCreated(TokenOut):

@@ -12,19 +12,21 @@ from typing import Literal
 
 
 class Role(StrEnum):
-    """What a token may do. viewer < operator < admin; bootstrap and agent stand apart."""
+    """What a token may do. viewer < operator < admin; the other roles stand apart."""
 
     VIEWER = "viewer"
     OPERATOR = "operator"
     ADMIN = "admin"
     BOOTSTRAP = "bootstrap"  # may only register agents
     AGENT = "agent"  # one host's heartbeats and the model files it serves
+    GATEWAY = "gateway"  # reads routes (instance API keys, client token hashes), posts traffic
+    CLIENT = "client"  # calls the gateway's OpenAI API; nothing of the control plane's
 
 
 # Roles `POST /api/v1/tokens` hands out: agent tokens come only from agent registration, bound to
 # their host. Spelled out (not derived from `Role`) because a Literal must be, for mypy and for
 # the OpenAPI schema; tests/cli/test_options.py holds it to `Role`.
-CreatableRole = Literal["viewer", "operator", "admin", "bootstrap"]
+CreatableRole = Literal["viewer", "operator", "admin", "bootstrap", "gateway", "client"]
 
 # The line a model version belongs to: a base model, its block-diffusion conversion, a fine-tune.
 VersionLine = Literal["base", "diffusion", "finetune"]

@@ -20,6 +20,12 @@ ALLOWED: dict[str, set[str]] = {
     "tui": {"protocol", "client"},
     "cli": set(PARTS) | {"migrations"},
 }
+# The gateway lives in the control plane's folder but is its own stateless process: it talks to
+# the control plane through the REST client only, and nothing else of the control plane may
+# lean on it (nor it on the store or the API's frameworks).
+GATEWAY = "controlplane.gateway"
+GATEWAY_ALLOWED = {"protocol", "client"}
+GATEWAY_FORBIDDEN_THIRD_PARTY = {"sqlmodel", "sqlalchemy", "fastapi", "torch", "alembic"}
 # Besides the standard library, the contracts use pydantic (+ pydantic-settings) and PyYAML.
 PROTOCOL_THIRD_PARTY = {"pydantic", "pydantic_settings", "pydantic_core", "yaml"}
 
@@ -57,6 +63,18 @@ def violations(part: str, module: str, imported: str) -> str | None:
     import sys
 
     top = imported.split(".")[0]
+    in_gateway = module == GATEWAY or module.startswith(GATEWAY + ".")
+    imports_gateway = imported == GATEWAY or imported.startswith(GATEWAY + ".")
+    if in_gateway:
+        if top == "controlplane" and not imports_gateway:
+            return "the gateway imports only protocol and client of the project"
+        if top in {*PARTS, "migrations"} and top not in GATEWAY_ALLOWED | {"controlplane"}:
+            return "the gateway imports only protocol and client of the project"
+        if top in GATEWAY_FORBIDDEN_THIRD_PARTY:
+            return "the gateway stays free of the store, FastAPI and torch"
+        return None
+    if imports_gateway and part != "cli":
+        return "only cli starts the gateway; the control plane never imports it"
     if top == "textual" and part not in {"tui", "cli"}:
         return "only tui imports textual"
     if top in {*PARTS, "migrations"} and top != part and top not in ALLOWED[part]:
@@ -103,6 +121,14 @@ def test_the_tree_respects_the_layering() -> None:
         ("tui/bad.py", "from controlplane import db\n", "tui imports only client, protocol"),
         ("tui/bad.py", "import torch\n", "without sqlmodel"),
         ("agent/sub/bad.py", "from .. import x\nfrom ...controlplane import api\n", "only"),
+        (
+            "controlplane/gateway/bad.py",
+            "from controlplane import db\n",
+            "only protocol and client",
+        ),
+        ("controlplane/gateway/bad.py", "import sqlalchemy\n", "free of the store"),
+        ("controlplane/gateway/bad.py", "from agent import gpu\n", "only protocol and client"),
+        ("controlplane/api/bad.py", "from controlplane.gateway import app\n", "never imports it"),
     ],
 )
 def test_a_forbidden_import_is_caught(
@@ -126,4 +152,12 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
     (tmp_path / "tui" / "ok.py").write_text("import textual\nfrom client import http\n")
     (tmp_path / "protocol" / "ok.py").write_text("import pydantic\nimport yaml\nimport json\n")
     (tmp_path / "controlplane" / "ok.py").write_text("import sqlmodel\nfrom protocol import wire\n")
+    (tmp_path / "controlplane" / "gateway").mkdir()
+    (tmp_path / "controlplane" / "gateway" / "ok.py").write_text(
+        "import httptools\nfrom client.http import AsyncControlPlaneClient\n"
+        "from controlplane.gateway import routes\nfrom . import balancer\n"
+    )
+    (tmp_path / "cli" / "gw.py").write_text(
+        "def f():\n    from controlplane.gateway import serve\n"
+    )
     assert all_violations(tmp_path) == []

@@ -2,10 +2,11 @@
 
 Every request body is bounded: `ORDINARY_BODY_LIMIT` for most routes (their JSON is a few KiB),
 `HEARTBEAT_BODY_LIMIT` for heartbeats (a host with 8 GPUs and its instances sends a few KiB, a
-big one tens of KiB) and `MANIFEST_BODY_LIMIT` for registering a model version, whose manifest
-may list 100,000 files (measured: 16 MiB with 40-character paths, 31 MiB with 200-character
-ones). A Content-Length over the limit is answered 413 at once, nothing read; a chunked body is
-counted as it arrives and refused the moment it passes the limit, the rest never read.
+big one tens of KiB), `TRAFFIC_BODY_LIMIT` for gateways' traffic reports and
+`MANIFEST_BODY_LIMIT` for registering a model version, whose manifest may list 100,000 files
+(measured: 16 MiB with 40-character paths, 31 MiB with 200-character ones). A Content-Length
+over the limit is answered 413 at once, nothing read; a chunked body is counted as it arrives
+and refused the moment it passes the limit, the rest never read.
 
 Only a caller the route would accept may send more than the ordinary limit: for a route with a
 bigger one, the token is checked with the route's own role gate (`deps.authorize`, no use
@@ -35,6 +36,8 @@ from protocol.wire import HEARTBEAT_PATH
 ORDINARY_BODY_LIMIT = 1 << 20
 HEARTBEAT_BODY_LIMIT = 1 << 20
 MANIFEST_BODY_LIMIT = 64 << 20
+# A gateway's traffic report: up to 4096 windows of about 600 bytes of JSON each.
+TRAFFIC_BODY_LIMIT = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class RouteBodyLimit:
 BODY_LIMITS = (
     RouteBodyLimit("POST", HEARTBEAT_PATH, HEARTBEAT_BODY_LIMIT),
     RouteBodyLimit("POST", "/api/v1/models/{name}/versions", MANIFEST_BODY_LIMIT),
+    RouteBodyLimit("POST", "/api/v1/traffic", TRAFFIC_BODY_LIMIT),
 )
 
 

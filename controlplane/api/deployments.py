@@ -1,16 +1,18 @@
 """`/api/v1/deployments`: create, list, show, update (scale, GPUs, engine config, version,
-placement), delete."""
+placement), delete; its canary (set, end) and the traffic the gateways served it."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Query, Response
 from fastapi import Path as PathParam
 
 from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer
-from controlplane.api.views import deployments_out
-from controlplane.services import deployments
+from controlplane.api.views import canary_out, deployments_out
+from controlplane.services import canary, deployments, traffic
+from protocol.gateway import CanaryOut, CanarySet, DeploymentTraffic
 from protocol.rest import DeploymentCreate, DeploymentOut, DeploymentUpdate
 
 router = APIRouter(prefix="/api/v1/deployments", tags=["deployments"])
@@ -58,3 +60,41 @@ def delete_deployment(
     deployments.delete_deployment(session, ctx.clock(), who.actor, name)
     session.commit()
     return Response(status_code=204)
+
+
+@router.put("/{name}/canary", response_model=CanaryOut)
+def set_canary(
+    name: NamePath, body: CanarySet, session: SessionDep, ctx: ContextDep, who: Operator
+) -> CanaryOut:
+    """Run another version of the model on some instances and send it a share of the gateway's
+    requests; again with the same version to change the share or the instances."""
+    result = canary.set_canary(session, ctx.clock(), who.actor, name, body)
+    session.commit()
+    return canary_out(result)
+
+
+@router.delete("/{name}/canary", response_model=CanaryOut)
+def clear_canary(name: NamePath, session: SessionDep, ctx: ContextDep, who: Operator) -> CanaryOut:
+    """End the canary: its instances run the stable version again and take no more requests."""
+    result = canary.clear_canary(session, ctx.clock(), who.actor, name)
+    session.commit()
+    return canary_out(result)
+
+
+@router.get("/{name}/traffic", response_model=DeploymentTraffic)
+def deployment_traffic(
+    name: NamePath,
+    session: SessionDep,
+    ctx: ContextDep,
+    _who: Viewer,
+    since: Annotated[datetime | None, Query(description="default: until - 5 min")] = None,
+    until: Annotated[datetime | None, Query(description="default: now")] = None,
+    step_s: Annotated[
+        int | None, Query(description=f"seconds per series point, 1..{traffic.MAX_STEP_S}")
+    ] = None,
+) -> DeploymentTraffic:
+    """What the gateways served the deployment, per version, merged over every gateway whose
+    windows ended in (since, until] (at most 24 h): counts, error rate, latency and TTFT
+    quantiles, a series of `step_s` steps, and the engines' denoising steps per block and
+    tokens per forward."""
+    return traffic.deployment_traffic(session, ctx.clock(), name, since, until, step_s)

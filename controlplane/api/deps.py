@@ -134,3 +134,5 @@ Admin = Annotated[Principal, Depends(RoleGate(Role.ADMIN))]
 Registrant = Annotated[Principal, Depends(RoleGate(Role.BOOTSTRAP, Role.AGENT, spend=False))]
 Agent = Annotated[Principal, Depends(RoleGate(Role.AGENT))]
 AdminOrAgent = Annotated[Principal, Depends(RoleGate(Role.ADMIN, Role.AGENT))]
+# Gateways only, not even admins: the routing table carries every engine's API key.
+Gateway = Annotated[Principal, Depends(RoleGate(Role.GATEWAY))]

@@ -8,6 +8,9 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from controlplane.models import ApiToken, Deployment, Host, Instance, Model, ModelVersion
+from controlplane.services.canary import Canary
+from controlplane.services.placement import active_rollouts
+from protocol.gateway import CanaryOut
 from protocol.rest import (
     DeploymentOut,
     HostOut,
@@ -143,7 +146,8 @@ def models_out(session: Session, models: Sequence[Model]) -> list[ModelOut]:
 
 
 def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentOut]:
-    """Deployments with their model, stable version and instances, in two queries for any count."""
+    """Deployments with their model, stable version, instances and canary (four queries for any
+    count)."""
     ids = [d.id for d in deployments]
     names = {
         dep_id: (model, version)
@@ -157,6 +161,15 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
     instances: dict[str, list[InstanceOut]] = {}  # by deployment name (names are unique)
     for inst in instances_out(session, col(Instance.deployment_id).in_(ids)):
         instances.setdefault(inst.deployment, []).append(inst)
+    rollouts = active_rollouts(session, [i for i in ids if i is not None])
+    tags = dict(
+        session.exec(
+            select(ModelVersion.id, ModelVersion.version).where(
+                col(ModelVersion.id).in_({r.to_version_id for r in rollouts.values()})
+            )
+        ).all()
+    )
+    canaries = {dep: (tags.get(r.to_version_id), r.canary_weight) for dep, r in rollouts.items()}
     return [
         DeploymentOut(
             id=d.id or 0,
@@ -170,9 +183,24 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
             created_at=d.created_at,
             updated_at=d.updated_at,
             instances=instances.get(d.name, []),
+            canary_version=canaries.get(d.id or 0, (None, 0))[0],
+            canary_weight=canaries.get(d.id or 0, (None, 0))[1],
         )
         for d in deployments
     ]
+
+
+def canary_out(canary: Canary) -> CanaryOut:
+    """A deployment's canary after a change (weight and instances 0 once it ended)."""
+    rollout = canary.rollout
+    return CanaryOut(
+        deployment=canary.deployment.name,
+        stable=canary.stable,
+        canary=canary.canary,
+        weight=rollout.canary_weight,
+        instances=rollout.canary_instances,
+        state=rollout.state,
+    )
 
 
 def token_out(row: ApiToken, host: str | None) -> TokenOut:
@@ -188,4 +216,5 @@ def token_out(row: ApiToken, host: str | None) -> TokenOut:
         created_by=row.created_by,
         last_used_at=row.last_used_at,
         revoked_at=row.revoked_at,
+        deployments=row.deployments,
     )

@@ -12,7 +12,7 @@ from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version
-from controlplane.services.placement import bump_generation, place_deployment
+from controlplane.services.placement import active_rollouts, bump_generation, place_deployment
 from protocol.engine_config import ServeConfigError, validate_deployment_config
 from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement
 
@@ -89,6 +89,13 @@ def update_deployment(
         assert model is not None
         _model, version = deployable_version(session, model.name, change.version)
         assert version.id is not None
+        moves = version.id != deployment.stable_version_id
+        if moves and deployment.id in active_rollouts(session, [deployment.id or 0]):
+            # Promoting or abandoning the canary is the rollout's to decide, not a PATCH's.
+            raise Conflict(
+                f"deployment {name} has an active canary: end it first "
+                f"(DELETE /api/v1/deployments/{name}/canary), then change the version"
+            )
         deployment.stable_version_id = version.id
         changes["version"] = change.version
     if change.placement is not None:

@@ -1,21 +1,31 @@
 """Placement: load what the planner reads, run it, turn its changes into instance rows.
 
-The rules live in `controlplane/planner.py`; this module only does the I/O around them: views
-from the store in a few queries, rows written from the changes, a fresh API key for every new
-instance, and the generation of every host whose desired state changed bumped.
+The rules live in `controlplane/planner/`; this module only does the I/O around them: views
+from the store in a few queries (active rollouts included: their canaries run on
+`canary_instances` of the deployment's instances), rows written from the changes, a fresh API key
+for every new instance, and the generation of every host whose desired state changed bumped.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import Deployment, Gpu, Host, Instance, Model, ModelVersion
+from controlplane.models import (
+    ACTIVE_ROLLOUT_STATES,
+    Deployment,
+    Gpu,
+    Host,
+    Instance,
+    Model,
+    ModelVersion,
+    Rollout,
+)
 from controlplane.planner import (
     Create,
     Delete,
@@ -24,6 +34,7 @@ from controlplane.planner import (
     HostView,
     InstanceView,
     Plan,
+    RolloutView,
     UpdateDesiredState,
     UpdateGpus,
     UpdateVersion,
@@ -61,11 +72,7 @@ def place_deployment(session: Session, now: datetime, deployment: Deployment) ->
     Ports running out is a 409 (as it always was: the fleet is full); GPUs or memory that do not
     fit are a 422 (the request asks for something impossible).
     """
-    view = deployment_view(deployment)
-    hosts, instances = load_hosts(session), load_instances(session)
-    plan = plan_deployment(
-        view, None, hosts, instances, load_versions(session, [view.stable_version_id])
-    )
+    plan, _hosts = _plan_one(session, deployment)
     if plan.problems:
         message = "; ".join(p.message for p in plan.problems)
         if all(p.kind == "ports" for p in plan.problems):
@@ -73,6 +80,29 @@ def place_deployment(session: Session, now: datetime, deployment: Deployment) ->
         raise Invalid(message)
     apply_plan(session, plan, now)
     return plan
+
+
+def replan_deployment(session: Session, now: datetime, actor: str, deployment: Deployment) -> Plan:
+    """Plan and apply one deployment, applying what fits; an event names each host where the
+    rest does not (as `place_fleet` does). For changes that must not be refused, such as ending
+    a canary: what does not fit now is placed by a later planning."""
+    plan, hosts = _plan_one(session, deployment)
+    apply_plan(session, plan, now)
+    assert deployment.id is not None
+    _record_problems(session, now, actor, plan, {deployment.id: deployment.name}, hosts)
+    return plan
+
+
+def _plan_one(session: Session, deployment: Deployment) -> tuple[Plan, list[HostView]]:
+    """The plan of one deployment with its active rollout, and the hosts it was made for."""
+    view = deployment_view(deployment)
+    hosts = load_hosts(session)
+    rollout = load_rollouts(session, [view.id]).get(view.id)
+    wanted = [view.stable_version_id] + ([rollout.canary_version_id] if rollout else [])
+    plan = plan_deployment(
+        view, rollout, hosts, load_instances(session), load_versions(session, wanted)
+    )
+    return plan, hosts
 
 
 def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
@@ -83,15 +113,30 @@ def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
     """
     views = [deployment_view(d) for d in session.exec(select(Deployment)).all()]
     hosts = load_hosts(session)
+    rollouts = load_rollouts(session)
     plan = plan_fleet(
         views,
-        {},  # no rollout controller yet: every instance runs its deployment's stable version
+        rollouts,
         hosts,
         load_instances(session),
-        load_versions(session, [v.stable_version_id for v in views]),
+        load_versions(
+            session,
+            [v.stable_version_id for v in views] + [r.canary_version_id for r in rollouts.values()],
+        ),
     )
     apply_plan(session, plan, now)
-    deployment_names = {v.id: v.name for v in views}
+    _record_problems(session, now, actor, plan, {v.id: v.name for v in views}, hosts)
+    return plan
+
+
+def _record_problems(
+    session: Session,
+    now: datetime,
+    actor: str,
+    plan: Plan,
+    deployment_names: dict[int, str],
+    hosts: Sequence[HostView],
+) -> None:
     host_names = {h.id: h.name for h in hosts}
     for problem in plan.problems:
         record_event(
@@ -104,7 +149,6 @@ def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
             host=host_names[problem.host_id],
             reason=problem.kind,
         )
-    return plan
 
 
 def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
@@ -200,6 +244,28 @@ def load_instances(session: Session) -> list[InstanceView]:
         for row in session.exec(select(Instance).order_by(col(Instance.id))).all()
         if row.id is not None
     ]
+
+
+def active_rollouts(
+    session: Session, deployment_ids: Collection[int] | None = None
+) -> dict[int, Rollout]:
+    """The active rollout of each deployment that has one (of DEPLOYMENT_IDS; None: all), by
+    deployment id (one query). Should two ever be active, the newest counts."""
+    query = select(Rollout).where(col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES))
+    if deployment_ids is not None:
+        query = query.where(col(Rollout.deployment_id).in_(set(deployment_ids)))
+    rows = session.exec(query.order_by(col(Rollout.id))).all()
+    return {row.deployment_id: row for row in rows}
+
+
+def load_rollouts(
+    session: Session, deployment_ids: Collection[int] | None = None
+) -> dict[int, RolloutView]:
+    """What the planner needs of the active rollouts, by deployment id (one query)."""
+    return {
+        dep_id: RolloutView(row.to_version_id, row.canary_instances)
+        for dep_id, row in active_rollouts(session, deployment_ids).items()
+    }
 
 
 def load_versions(session: Session, ids: Sequence[int]) -> dict[int, VersionView]:

@@ -10,7 +10,7 @@ from sqlmodel import Session, col, select
 
 from controlplane.auth import BOOTSTRAP_DEFAULT_LIFETIME, NewToken, Role, mint_token
 from controlplane.eventlog import record_event
-from controlplane.models import ApiToken, Host
+from controlplane.models import ApiToken, Deployment, Host
 from controlplane.services.errors import Conflict, NotFound
 from controlplane.services.hosts import get_host
 from protocol.rest import TokenCreate
@@ -19,14 +19,18 @@ from protocol.rest import TokenCreate
 def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate) -> NewToken:
     """Mint a token; the caller shows its secret once, it is never stored.
 
-    A bootstrap token without an expiry gets `BOOTSTRAP_DEFAULT_LIFETIME` (24 h).
+    A bootstrap token without an expiry gets `BOOTSTRAP_DEFAULT_LIFETIME` (24 h). A client
+    token's `deployments` must all exist now (NotFound names those that do not); one deleted
+    later stays listed and applies again to a deployment created under its name.
     """
     expires = now + timedelta(seconds=spec.expires_in_s) if spec.expires_in_s else None
     if expires is None and spec.role == Role.BOOTSTRAP.value:
         expires = now + BOOTSTRAP_DEFAULT_LIFETIME
+    deployments = _existing_deployments(session, spec.deployments)
     new = mint_token(
         spec.name, Role(spec.role), now, expires_at=expires, uses=spec.uses, created_by=actor
     )
+    new.row.deployments = deployments
     session.add(new.row)
     record_event(
         session,
@@ -37,8 +41,22 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
         f"token {spec.name} ({spec.role}) created",
         role=spec.role,
         name=spec.name,
+        deployments=deployments,
     )
     return new
+
+
+def _existing_deployments(session: Session, names: list[str] | None) -> list[str] | None:
+    """NAMES without repeats, in order, once each is known to exist; None stays None."""
+    if names is None:
+        return None
+    unique = list(dict.fromkeys(names))
+    known = set(session.exec(select(Deployment.name).where(col(Deployment.name).in_(unique))).all())
+    missing = [n for n in unique if n not in known]
+    if missing:
+        listed = ", ".join(repr(n) for n in missing)
+        raise NotFound(f"deployment(s) {listed}")
+    return unique
 
 
 def rekey_host(session: Session, now: datetime, actor: str, name: str) -> NewToken:

@@ -63,8 +63,9 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
         key = re.search(r"^OpenAI API key: (\S+)$", output, re.M)
         assert key, output
         assert f"Authorization: Bearer {key.group(1)}" in output  # the sample curl uses it
+        assert key.group(1).startswith("dctl_")  # a client token of the gateway
         refused = httpx.get(f"{base_url}/models", timeout=30)
-        assert refused.status_code == 401  # the engine's only key is the one printed
+        assert refused.status_code == 401  # the gateway wants the client token
         reply = httpx.post(
             f"{base_url}/chat/completions",
             headers={"Authorization": f"Bearer {key.group(1)}"},
@@ -73,6 +74,19 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
             timeout=60,
         )  # fmt: skip
         assert reply.status_code == 200, reply.text
+        assert reply.headers["x-dctl-version"] == "demo:v1"  # it went through the gateway
+        engine = re.search(
+            r"^Engine, bypassing the gateway: (http://127\.0\.0\.1:\d+/v1) \(API key (\S+)\)$",
+            output,
+            re.M,
+        )
+        assert engine and engine.group(1) != base_url, output
+        direct = httpx.get(
+            f"{engine.group(1)}/models",
+            headers={"Authorization": f"Bearer {engine.group(2)}"},
+            timeout=30,
+        )
+        assert direct.status_code == 200 and direct.json()["data"][0]["id"] == "demo"
         assert "dctl status" in output and "dctl tui" in output and "curl " in output
         if os.geteuid() == 0:
             assert output.count("running as root") == 1

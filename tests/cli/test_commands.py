@@ -348,6 +348,17 @@ def test_token_usage_errors_exit_2(dctl: Dctl, args: list[str]) -> None:
     assert dctl(*args).code == 2
 
 
+def test_client_tokens_are_scoped_to_deployments_that_exist(dctl: Dctl) -> None:
+    refused = dctl("token", "create", "app", "--role", "client", "--deployments", "nosuch")
+    assert refused.code == 1 and "nosuch" in one_error_line(refused.stderr)
+    wrong_role = dctl("token", "create", "app", "--role", "viewer", "--deployments", "a")
+    assert wrong_role.code == 2 and "client" in one_error_line(wrong_role.stderr)
+    secret = ok(dctl("token", "create", "app-all", "--role", "client")).stdout.strip()
+    assert secret.startswith("dctl_")
+    listed = {t["name"]: t for t in as_json(dctl("token", "list", "--json"))}
+    assert listed["app-all"]["role"] == "client" and listed["app-all"]["deployments"] is None
+
+
 def test_contexts_list_and_use(dctl: Dctl, server: Server) -> None:
     listed = as_json(dctl("context", "list", "--json"))
     default = {"name": "default", "url": server.url, "current": True, "token": True}

@@ -12,7 +12,10 @@ OPERATE: Roles = {"operator", "admin"}
 ADMIN: Roles = {"admin"}
 BOOTSTRAP: Roles = {"bootstrap"}
 AGENT: Roles = {"agent"}
-PUBLIC: Roles = {"viewer", "operator", "admin", "bootstrap", "agent", None}
+# Gateways read routes and report traffic, nothing else; client tokens are for the gateway's
+# OpenAI API and open no route of the control plane's (they are not viewers).
+GATEWAY: Roles = {"gateway"}
+PUBLIC: Roles = {"viewer", "operator", "admin", "bootstrap", "agent", "gateway", "client", None}
 V = "/api/v1"
 
 # (method, route template) -> roles allowed. A new route fails the test until it is listed here.
@@ -36,6 +39,12 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("GET", f"{V}/deployments/{{name}}"): READ,
     ("PATCH", f"{V}/deployments/{{name}}"): OPERATE,
     ("DELETE", f"{V}/deployments/{{name}}"): OPERATE,
+    ("PUT", f"{V}/deployments/{{name}}/canary"): OPERATE,
+    ("DELETE", f"{V}/deployments/{{name}}/canary"): OPERATE,
+    ("GET", f"{V}/deployments/{{name}}/traffic"): READ,
+    # Not even admins read the routing table: it holds every engine's API key.
+    ("GET", f"{V}/routes"): GATEWAY,
+    ("POST", f"{V}/traffic"): GATEWAY,
     ("GET", f"{V}/events"): READ,
     ("POST", f"{V}/tokens"): ADMIN,
     ("GET", f"{V}/tokens"): ADMIN,
@@ -65,6 +74,12 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{V}/tokens"): {"name": "made", "role": "viewer"},
     ("POST", f"{V}/agents/register"): {"name": "gpu-9"},  # the agent's own: gpu-1 (below)
     ("POST", f"{V}/agents/heartbeat"): {},
+    ("PUT", f"{V}/deployments/{{name}}/canary"): {"version": "v2", "weight": 10},
+    ("POST", f"{V}/traffic"): {
+        "gateway": "gw-1",
+        "started_at": "2026-01-01T11:59:55Z",
+        "ended_at": "2026-01-01T12:00:00Z",
+    },
 }
 
 
@@ -81,12 +96,12 @@ def concrete(template: str, token_ref: str) -> str:
 
 def test_every_route_enforces_its_roles(api: Api) -> None:
     register_version(api)
-    tokens: dict[str | None, str | None] = {
-        role: api.token(role) for role in ("viewer", "operator", "admin", "bootstrap")
-    }
+    register_version(api, version="v2")
+    roles = ("viewer", "operator", "admin", "bootstrap", "gateway", "client")
+    tokens: dict[str | None, str | None] = {role: api.token(role) for role in roles}
     tokens["agent"] = api.register("gpu-1")["agent_token"]
     tokens[None] = None
-    assert deploy(api, "web", ["gpu-1"]).status_code == 201
+    assert deploy(api, "web", ["gpu-1"], per_host=2).status_code == 201
     victim = api.as_admin("POST", f"{V}/tokens", json={"name": "victim", "role": "viewer"})
     paths = api.client.get("/openapi.json").json()["paths"]
     routes = {(method.upper(), path) for path, ops in paths.items() for method in ops}

@@ -7,13 +7,16 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from engine.serve import log_start
 from protocol.engine_config import load_serve_config
 from protocol.logs import configure_logging
+from tests.engine_server.conftest import MODEL
 
 KEY = "sk-engine-3c9d2f"  # not shaped like a dctl token: only the field name gives it away
 
@@ -50,3 +53,25 @@ def test_the_start_up_line_logs_the_config_without_the_api_key(
         start = json.loads(err.splitlines()[0])
         assert start["msg"] == "starting"
         assert start["config"]["service"]["api_key"] == "***"
+
+
+def test_a_request_id_from_the_gateway_is_echoed_and_logged(server: Any) -> None:
+    """The gateway passes `x-request-id`; the engine answers with it and logs it, so one id
+    finds a request in both logs. A hostile id (spaces, 400 bytes) is replaced by a fresh one."""
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    sent = httpx.post(
+        f"{server.url}/v1/completions", json=body, headers={"x-request-id": "gw-abc.123"}
+    )
+    assert sent.status_code == 200, sent.text
+    assert sent.headers["x-request-id"] == "gw-abc.123"
+    hostile = httpx.post(
+        f"{server.url}/v1/completions", json=body, headers={"x-request-id": "a b;" * 100}
+    )
+    fresh = hostile.headers["x-request-id"]
+    assert len(fresh) == 32 and fresh.isalnum()
+    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+             if line.startswith("{")]  # fmt: skip
+    logged = {line.get("request_id"): line for line in lines if line.get("msg") == "request"}
+    assert logged["gw-abc.123"]["status"] == 200
+    assert logged["gw-abc.123"]["path"] == "/v1/completions"
+    assert fresh in logged

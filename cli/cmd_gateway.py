@@ -1,0 +1,78 @@
+"""`dctl gateway`: the fleet's OpenAI-compatible front door (stable/canary pools by weight).
+
+Every setting comes from `controlplane.gateway.settings` (defaults < `[gateway]` table of the
+config file < `DCTL_GATEWAY_*` env < these flags); a flag left out here is None and does not
+override. The gateway is imported inside the command, so `dctl --help` stays light.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.exits import USAGE, fail
+
+
+def gateway(
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        help="Settings file whose [gateway] table to read (default: DCTL_CONFIG, else "
+        "~/.config/dctl/config.toml).",
+    ),
+    control_plane: str | None = typer.Option(
+        None, "--control-plane", help="Control-plane URL to read routes from and report to."
+    ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="File (0600) holding a token of role gateway (or env DCTL_GATEWAY_TOKEN).",
+    ),
+    ca_file: Path | None = typer.Option(
+        None, "--ca-file", help="CA bundle the control plane's certificate is verified with."
+    ),
+    routes_file: Path | None = typer.Option(
+        None,
+        "--routes-file",
+        help="Serve a fixed routing table (JSON or YAML) instead of the control plane's.",
+    ),
+    host: str | None = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
+    port: int | None = typer.Option(None, "--port", help="Port to listen on [8800]."),
+    no_pool_header: bool = typer.Option(
+        False, "--no-pool-header", help="Ignore the x-dctl-pool header clients may send."
+    ),
+    tls_cert: Path | None = typer.Option(
+        None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain included)."
+    ),
+    tls_key: Path | None = typer.Option(
+        None, "--tls-key", help="The certificate's private key (PEM; not readable by others)."
+    ),
+) -> None:
+    """Run the gateway: OpenAI API in front of every deployment, canary by weight, metrics."""
+    from controlplane.gateway.serve import run
+    from controlplane.gateway.settings import SettingsError, load_gateway_settings
+
+    try:
+        settings = load_gateway_settings(
+            config,
+            control_plane=control_plane,
+            token_file=token_file,
+            ca_file=ca_file,
+            routes_file=routes_file,
+            host=host,
+            port=port,
+            pool_header=False if no_pool_header else None,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+        )
+        code = run(settings)
+    except SettingsError as exc:
+        fail(str(exc), USAGE)
+    if code:
+        raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the command to the root app."""
+    app.command("gateway")(gateway)

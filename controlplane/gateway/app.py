@@ -1,0 +1,334 @@
+"""The gateway's ASGI app: OpenAI-compatible `/v1/*` in front of the fleet, plus health and
+`/metrics`.
+
+    POST /v1/chat/completions, POST /v1/completions   client token; forwarded (`proxy`)
+    GET  /v1/models                                   client token; what it may use
+    GET  /metrics                                     Prometheus text, no auth
+    GET  /health/live                                 200 while the process serves
+    GET  /health/ready                                200 once a routing table is loaded
+
+A completion request is checked in order of cost: in-flight limit (503), token (401), rate
+(429), `x-dctl-pool` (400), body size (413), JSON with a `model` (400), the model known (404,
+listing the models the token may use), the token's scope (403); then forwarded. The body is
+parsed only to find `model`: the engine validates the rest. Every refusal is in OpenAI's error
+shape and carries the request id (`x-request-id`: the client's when it is a sane token, else a
+new one), which also goes to the engine and into the one log line per request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.gateway.access import RateLimiter, authenticate
+from controlplane.gateway.asgi import (
+    ClientGone,
+    Receive,
+    Scope,
+    Send,
+    header_map,
+    read_body,
+    send_bytes,
+    send_error,
+    send_json,
+)
+from controlplane.gateway.errors import GatewayError, not_found
+from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from controlplane.gateway.proxy import CLIENT_GONE, Forwarded, ForwardRequest, Proxy
+from controlplane.gateway.routes import ClientGrant, Routes, RoutingTable
+from protocol.gateway import Pool
+
+log = logging.getLogger("dctl.gateway.requests")
+
+COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+# Header values copied into the engine request: printable ASCII only (no CR/LF), bounded.
+_HEADER_VALUE_RE = re.compile(rb"[\t\x20-\x7e]{1,1024}")
+_POOLS: dict[bytes, Pool] = {b"stable": "stable", b"canary": "canary"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one gateway process accepts."""
+
+    max_body_bytes: int
+    max_inflight: int
+    pool_header: bool
+
+
+@dataclass(frozen=True)
+class Lifespan:
+    """What runs when the server starts and stops (background tasks, the last report)."""
+
+    startup: Callable[[], Awaitable[None]]
+    shutdown: Callable[[], Awaitable[None]]
+
+
+class GatewayApp:
+    """The ASGI callable. NOW is the wall clock in epoch seconds (token expiry), CLOCK the
+    proxy's monotonic clock (durations)."""
+
+    def __init__(
+        self,
+        *,
+        routes: Routes,
+        proxy: Proxy,
+        limiter: RateLimiter,
+        metrics: GatewayMetrics,
+        limits: Limits,
+        lifespan: Lifespan | None = None,
+        now: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.routes = routes
+        self.proxy = proxy
+        self.limiter = limiter
+        self.metrics = metrics
+        self.limits = limits
+        self.lifespan = lifespan
+        self.inflight = 0
+        self._now = now
+        self._clock = clock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    if self.lifespan is not None:
+                        await self.lifespan.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.lifespan is not None:
+                    await self.lifespan.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path in COMPLETION_PATHS:
+            if method == "POST":
+                await self._completion(scope, receive, send)
+            else:
+                await send_error(send, _wrong_method(method, path, "POST"))
+        elif path == "/v1/models":
+            if method == "GET":
+                await self._models(scope, send)
+            else:
+                await send_error(send, _wrong_method(method, path, "GET"))
+        elif path == "/metrics":
+            await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE.encode())
+        elif path == "/health/live":
+            await send_json(send, 200, {"status": "live"})
+        elif path == "/health/ready":
+            table = self.routes.current
+            if table is None:
+                await send_json(send, 503, {"status": "waiting for a routing table"})
+            else:
+                await send_json(send, 200, {"status": "ready", "routes": table.etag})
+        else:
+            await send_error(send, not_found(path))
+
+    async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received_at = self._clock()
+        headers = header_map(scope)
+        request_id = _request_id(headers.get(b"x-request-id"))
+        if self.inflight >= self.limits.max_inflight:
+            error = GatewayError(
+                503,
+                f"this gateway is serving its limit of {self.limits.max_inflight} requests "
+                "(max_inflight); retry shortly",
+                code="overloaded",
+            )
+            await self._refuse(send, error, request_id, scope, received_at)
+            return
+        self.inflight += 1
+        self.metrics.inflight.inc()
+        grant: ClientGrant | None = None
+        try:
+            try:
+                table = self._table()
+                grant = authenticate(headers.get(b"authorization"), table, self._now())
+                self.limiter.admit(grant.key_id)
+                pinned = self._pinned(headers.get(b"x-dctl-pool"))
+                body = await read_body(
+                    receive, headers.get(b"content-length"), self.limits.max_body_bytes
+                )
+                model = _model_of(body)
+                route = table.by_model.get(model)
+                if route is None:
+                    raise _unknown_model(model, table, grant)
+                if not grant.may_use(route.deployment):
+                    raise GatewayError(
+                        403,
+                        f"API key {grant.key_id} ({grant.name}) may not use deployment "
+                        f"{route.deployment}; it may use: "
+                        + (", ".join(sorted(grant.deployments or ())) or "none"),
+                        param="model",
+                        code="model_not_allowed",
+                    )
+            except GatewayError as error:
+                await self._refuse(send, error, request_id, scope, received_at, grant)
+                return
+            except ClientGone:
+                self.metrics.count(None, CLIENT_GONE)
+                return
+            request = ForwardRequest(
+                path=scope["path"].encode(),
+                body=body,
+                request_id=request_id,
+                content_type=_clean(headers.get(b"content-type")),
+                accept=_clean(headers.get(b"accept")),
+                pinned=pinned,
+                received_at=received_at,
+            )
+            result = await self.proxy.forward(route, request, receive, send)
+            self._log(scope, request_id, result, received_at, grant)
+        finally:
+            self.inflight -= 1
+            self.metrics.inflight.dec()
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        headers = header_map(scope)
+        try:
+            table = self._table()
+            grant = authenticate(headers.get(b"authorization"), table, self._now())
+            self.limiter.admit(grant.key_id)
+        except GatewayError as error:
+            await send_error(send, error)
+            return
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "dctl"}
+            for name in table.models_for(grant)
+        ]
+        await send_json(send, 200, {"object": "list", "data": data})
+
+    def _table(self) -> RoutingTable:
+        table = self.routes.current
+        if table is None:
+            raise GatewayError(
+                503,
+                "the gateway has no routing table yet (control plane not reached so far)",
+                code="not_ready",
+            )
+        return table
+
+    def _pinned(self, value: bytes | None) -> Pool | None:
+        if value is None or not self.limits.pool_header:
+            return None
+        pool = _POOLS.get(value.strip().lower())
+        if pool is None:
+            raise GatewayError(
+                400,
+                "x-dctl-pool must be `stable` or `canary`",
+                param="x-dctl-pool",
+                code="invalid_pool",
+            )
+        return pool
+
+    async def _refuse(
+        self,
+        send: Send,
+        error: GatewayError,
+        request_id: bytes,
+        scope: Scope,
+        received_at: float,
+        grant: ClientGrant | None = None,
+    ) -> None:
+        await send_error(send, error, request_id)
+        self.metrics.count(None, error.status)
+        self._log(
+            scope, request_id, Forwarded(error.status, error=error.message), received_at, grant
+        )
+
+    def _log(
+        self,
+        scope: Scope,
+        request_id: bytes,
+        result: Forwarded,
+        received_at: float,
+        grant: ClientGrant | None,
+    ) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        extra: dict[str, Any] = {
+            "request_id": request_id.decode(),
+            "path": scope["path"],
+            "status": result.status,
+            "duration_ms": round((self._clock() - received_at) * 1000, 2),
+        }
+        if grant is not None:
+            extra["client"] = grant.name
+        if result.pool is not None:
+            extra["deployment"] = result.pool.deployment
+            extra["version"] = result.pool.version
+            extra["pool"] = result.pool.name
+        if result.instance is not None:
+            extra["instance"] = result.instance.id
+        if result.retries:
+            extra["retries"] = result.retries
+        if result.error:
+            extra["error"] = result.error
+        log.info("request", extra=extra)
+
+
+def _request_id(value: bytes | None) -> bytes:
+    """The client's request id when it is a sane token of at most 128 characters, else new."""
+    if value is not None and _REQUEST_ID_RE.fullmatch(value):
+        return value
+    return uuid.uuid4().hex.encode()
+
+
+def _clean(value: bytes | None) -> bytes | None:
+    """A header value safe to copy into the engine request (no control characters), or None."""
+    return value if value is not None and _HEADER_VALUE_RE.fullmatch(value) else None
+
+
+def _model_of(body: bytes) -> str:
+    """The request's `model`, or a 400 saying what is wrong with the body."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise GatewayError(400, f"request body is not JSON: {exc}", code="invalid_json") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, str) or not model:
+        raise GatewayError(
+            400, "request body has no `model`: name a model (GET /v1/models lists them)",
+            param="model", code="missing_model",
+        )  # fmt: skip
+    return model
+
+
+def _unknown_model(model: str, table: RoutingTable, grant: ClientGrant) -> GatewayError:
+    models = table.models_for(grant)
+    return GatewayError(
+        404,
+        f"model {model[:256]!r} does not exist here; "
+        + (f"models you may use: {', '.join(models)}" if models else "you may use no model yet"),
+        param="model",
+        code="model_not_found",
+    )
+
+
+def _wrong_method(method: str, path: str, allowed: str) -> GatewayError:
+    return GatewayError(
+        405, f"{method} {path}: use {allowed}", code="method_not_allowed",
+        headers={"allow": allowed},
+    )  # fmt: skip

@@ -1,0 +1,28 @@
+"""The gateway's refusals: every one is answered in OpenAI's error shape (`ApiError.body()`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from protocol.openai import ApiError
+
+
+class GatewayError(ApiError):
+    """An error the gateway answers itself (the engine's own errors pass through untouched)."""
+
+    TYPES: ClassVar[dict[int, str]] = {
+        **ApiError.TYPES,
+        403: "permission_error",
+        405: "invalid_request_error",
+        502: "server_error",
+    }
+
+
+def not_found(path: str) -> GatewayError:
+    """A path the gateway does not serve."""
+    return GatewayError(
+        404,
+        f"no such endpoint {path!r}: the gateway serves POST /v1/chat/completions, "
+        "POST /v1/completions and GET /v1/models",
+        code="unknown_url",
+    )

@@ -1,0 +1,104 @@
+"""The gateway's own `/metrics` (Prometheus text, no auth, like the engine's), on a registry of
+its own. Per-series children are looked up once per (deployment, version, pool) and kept, so a
+request pays for increments, not for label lookups."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from protocol.gateway import LATENCY_BUCKETS_S
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LABELS = ["deployment", "version", "pool"]
+
+
+@dataclass
+class Series:
+    """The children of one (deployment, version, pool)."""
+
+    labels: tuple[str, str, str]
+    duration: Histogram
+    ttft: Histogram
+    output_tokens: Counter
+    codes: dict[int, Counter]
+
+
+class GatewayMetrics:
+    """Every metric the gateway exports."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "dctl_gateway_requests",
+            "Requests answered, by deployment, version, pool and status code (499: the client "
+            "left first). Refusals before a deployment is known have empty labels.",
+            [*_LABELS, "code"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "dctl_gateway_request_duration_seconds",
+            "From receiving a request to its last response byte.",
+            _LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "dctl_gateway_ttft_seconds",
+            "From receiving a request to its first response body byte.",
+            _LABELS,
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.output_tokens = Counter(
+            "dctl_gateway_output_tokens",
+            "Completion tokens, as the engines' usage reports them.",
+            _LABELS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "dctl_gateway_retries",
+            "Requests sent to a second instance, by deployment and why "
+            "(connect: no connection; broken: closed unanswered; unavailable: a 503).",
+            ["deployment", "reason"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "dctl_gateway_ejections",
+            "Instances taken out of rotation by passive health checks.",
+            ["deployment", "version", "instance"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "dctl_gateway_inflight", "Completion requests being served.", registry=r
+        )
+        self._series: dict[tuple[str, str, str], Series] = {}
+        self._refusals: dict[int, Counter] = {}
+
+    def series(self, deployment: str, version: str, pool: str) -> Series:
+        """The children of one (deployment, version, pool)."""
+        key = (deployment, version, pool)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = Series(
+                key,
+                self.duration.labels(*key),
+                self.ttft.labels(*key),
+                self.output_tokens.labels(*key),
+                {},
+            )
+        return found
+
+    def count(self, series: Series | None, code: int) -> None:
+        """Count one answer with status CODE (SERIES None: refused before routing)."""
+        codes = self._refusals if series is None else series.codes
+        child = codes.get(code)
+        if child is None:
+            labels = ("", "", "") if series is None else series.labels
+            child = codes[code] = self.requests.labels(*labels, str(code))
+        child.inc()
+
+    def render(self) -> bytes:
+        """The exposition text."""
+        return generate_latest(self.registry)

@@ -1,0 +1,244 @@
+"""The routing table as the request path uses it, and how it stays current.
+
+`RouteTable` (protocol.gateway) is the wire shape; `RoutingTable` is the same content compiled
+once per change for the hot path: model name -> `Route`, key id -> `ClientGrant`, each instance's
+request-line bytes ready. A table is immutable: `Routes.install` swaps in a new one with one
+assignment, so a request holds one consistent table from start to end.
+
+`RouteWatcher` keeps `Routes` current from the control plane: a poll every `poll_s` with the
+last ETag (a 304 costs the control plane nothing), and while the control plane is down the last
+table keeps serving; one warning per outage, one line when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from protocol.gateway import DeploymentRoute, Pool, RouteClient, RoutePool, RouteTable
+
+log = logging.getLogger("dctl.gateway.routes")
+
+
+@dataclass(frozen=True, eq=False)
+class Instance:
+    """One engine instance of one version: where to connect and what to send it."""
+
+    id: int
+    deployment: str
+    version: str
+    scheme: str
+    address: str
+    port: int
+    host_header: bytes  # `address:port`, bracketed for IPv6
+    authorization: bytes  # `Bearer <the instance's API key>`: never logged
+
+    @property
+    def target(self) -> tuple[str, str, int]:
+        """What the connection pool keys idle connections by."""
+        return (self.scheme, self.address, self.port)
+
+    def __repr__(self) -> str:  # the default would print the API key
+        return f"Instance({self.id}, {self.version}, {self.scheme}://{self.address}:{self.port})"
+
+
+@dataclass(frozen=True)
+class VersionPool:
+    """The ready instances of one version, as the stable or the canary pool of a deployment."""
+
+    deployment: str
+    name: Pool
+    version: str
+    version_header: bytes  # x-dctl-version
+    instances: tuple[Instance, ...]
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one deployment's requests go."""
+
+    deployment: str
+    model_names: tuple[str, ...]
+    stable: VersionPool
+    canary: VersionPool | None
+    canary_weight: int
+
+    def pool(self, name: Pool) -> VersionPool | None:
+        """The pool called NAME (None: no canary)."""
+        return self.stable if name == "stable" else self.canary
+
+
+@dataclass(frozen=True)
+class ClientGrant:
+    """A client token the gateway accepts: its hash, scope and expiry (epoch seconds)."""
+
+    key_id: str
+    name: str
+    secret_sha256: str
+    deployments: frozenset[str] | None  # None: every deployment
+    expires_at: float | None
+
+    def may_use(self, deployment: str) -> bool:
+        """Whether this token's scope includes DEPLOYMENT."""
+        return self.deployments is None or deployment in self.deployments
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """A compiled `RouteTable`: lookups by model name and by key id."""
+
+    etag: str
+    routes: tuple[Route, ...]
+    by_model: dict[str, Route]
+    clients: dict[str, ClientGrant]
+
+    @classmethod
+    def compile(cls, table: RouteTable) -> RoutingTable:
+        """Compile TABLE. A model name two deployments claim goes to the first one listed."""
+        routes = tuple(_route(d) for d in table.deployments)
+        by_model: dict[str, Route] = {}
+        for route in routes:
+            for name in route.model_names:
+                if name in by_model:
+                    log.warning(
+                        "model name %r is served by deployments %s and %s; %s gets it",
+                        name, by_model[name].deployment, route.deployment,
+                        by_model[name].deployment,
+                    )  # fmt: skip
+                    continue
+                by_model[name] = route
+        clients = {c.key_id: _grant(c) for c in table.clients}
+        return cls(table.etag, routes, by_model, clients)
+
+    def models_for(self, grant: ClientGrant) -> list[str]:
+        """The model names GRANT may use, sorted."""
+        return sorted(
+            name for name, route in self.by_model.items() if grant.may_use(route.deployment)
+        )
+
+    def instance_ids(self) -> set[int]:
+        """Every instance id in the table."""
+        return {i.id for route in self.routes for pool in _pools(route) for i in pool.instances}
+
+
+def _pools(route: Route) -> Iterable[VersionPool]:
+    return (route.stable,) if route.canary is None else (route.stable, route.canary)
+
+
+def _route(d: DeploymentRoute) -> Route:
+    canary = _pool(d.deployment, "canary", d.canary) if d.canary is not None else None
+    return Route(
+        deployment=d.deployment,
+        model_names=tuple(d.model_names),
+        stable=_pool(d.deployment, "stable", d.stable),
+        canary=canary,
+        canary_weight=d.canary_weight if canary is not None else 0,
+    )
+
+
+def _pool(deployment: str, name: Pool, pool: RoutePool) -> VersionPool:
+    instances = tuple(
+        Instance(
+            id=i.id,
+            deployment=deployment,
+            version=pool.version,
+            scheme=i.scheme,
+            address=i.address,
+            port=i.port,
+            host_header=_host_header(i.address, i.port),
+            authorization=f"Bearer {i.api_key}".encode("latin-1"),
+        )
+        for i in pool.instances
+    )
+    return VersionPool(deployment, name, pool.version, pool.version.encode("latin-1"), instances)
+
+
+def _host_header(address: str, port: int) -> bytes:
+    host = f"[{address}]" if ":" in address else address
+    return f"{host}:{port}".encode("ascii", "replace")
+
+
+def _grant(client: RouteClient) -> ClientGrant:
+    expires = client.expires_at
+    return ClientGrant(
+        key_id=client.key_id,
+        name=client.name,
+        secret_sha256=client.secret_sha256.lower(),
+        deployments=None if client.deployments is None else frozenset(client.deployments),
+        expires_at=None if expires is None else expires.timestamp(),
+    )
+
+
+class Routes:
+    """The routing table in force (None until the first one arrives)."""
+
+    def __init__(self, on_install: Callable[[RoutingTable], None] | None = None) -> None:
+        self.current: RoutingTable | None = None
+        self._on_install = on_install
+
+    def install(self, table: RouteTable) -> RoutingTable:
+        """Compile TABLE and make it the one in force."""
+        compiled = RoutingTable.compile(table)
+        self.current = compiled
+        if self._on_install is not None:
+            self._on_install(compiled)
+        return compiled
+
+
+class RouteSource(Protocol):
+    """Where routing tables come from: `client.http.AsyncControlPlaneClient` implements it."""
+
+    async def routes(self, etag: str | None = None) -> RouteTable | None:
+        """The table, or None when it still has ETAG (HTTP 304)."""
+        ...
+
+
+class RouteWatcher:
+    """Polls SOURCE every POLL_S and installs each new table into ROUTES.
+
+    States: `waiting` (no table yet) -> `current` <-> `stale` (control plane unreachable: the last
+    table serves on; logged once when it starts and once when it ends).
+    """
+
+    def __init__(self, source: RouteSource, routes: Routes, poll_s: float) -> None:
+        self.source = source
+        self.routes = routes
+        self.poll_s = poll_s
+        self.failing_since_poll: int | None = None  # poll number the current outage began at
+        self.polls = 0
+
+    async def poll_once(self) -> bool:
+        """One poll; True when a new table was installed."""
+        self.polls += 1
+        current = self.routes.current
+        try:
+            table = await self.source.routes(current.etag if current is not None else None)
+        except Exception as exc:  # ClientError, or anything else: the watcher must live on
+            if self.failing_since_poll is None:
+                self.failing_since_poll = self.polls
+                serving = f"serving the last table ({current.etag})" if current else "no table yet"
+                log.warning("cannot read routes from the control plane: %s; %s", exc, serving)
+            return False
+        if self.failing_since_poll is not None:
+            log.info(
+                "routes readable again after %d failed polls", self.polls - self.failing_since_poll
+            )
+            self.failing_since_poll = None
+        if table is None:
+            return False
+        compiled = self.routes.install(table)
+        log.info(
+            "routing table installed",
+            extra={"etag": compiled.etag, "deployments": len(compiled.routes),
+                   "clients": len(compiled.clients)},
+        )  # fmt: skip
+        return True
+
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.poll_s)

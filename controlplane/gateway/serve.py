@@ -1,0 +1,258 @@
+"""`dctl gateway`: one gateway process, wired and served.
+
+`build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
+traffic windows, and, with a control plane, the route watcher and the traffic reporter);
+`run` serves it with uvicorn (uvloop, httptools, no access log: the app logs one line per
+request itself) until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
+within `shutdown_grace_s`, and posts a last traffic report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import math
+import os
+import random
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import FrameType
+from typing import Any, Protocol
+
+from client.errors import ClientError
+from client.http import AsyncControlPlaneClient
+from controlplane.gateway.access import RateLimiter
+from controlplane.gateway.app import GatewayApp, Lifespan, Limits
+from controlplane.gateway.balancer import Balancer
+from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.proxy import Proxy
+from controlplane.gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
+from controlplane.gateway.settings import GatewaySettings, SettingsError
+from controlplane.gateway.traffic import TrafficReporter, TrafficSink, TrafficWindows
+from controlplane.gateway.upstream import UpstreamPool
+from protocol.logs import configure_logging
+from protocol.tls import TlsError, client_context
+
+log = logging.getLogger("dctl.gateway")
+
+EXIT_OK, EXIT_FAILED = 0, 1
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
+_FINAL_REPORT_TIMEOUT_S = 5.0
+
+
+class ControlPlaneLink(RouteSource, TrafficSink, Protocol):
+    """What the gateway needs of the control plane; `client.http.AsyncControlPlaneClient` is
+    one, a test's stand-in another."""
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        ...
+
+
+@dataclass
+class Gateway:
+    """Every part of one gateway process, wired; `app` is what a server serves."""
+
+    settings: GatewaySettings
+    routes: Routes
+    balancer: Balancer
+    upstream: UpstreamPool
+    metrics: GatewayMetrics
+    windows: TrafficWindows
+    app: GatewayApp
+    control_plane: ControlPlaneLink | None = None
+    watcher: RouteWatcher | None = None
+    reporter: TrafficReporter | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Start polling routes and reporting traffic (with a control plane)."""
+        if self.watcher is not None:
+            self._tasks.append(asyncio.create_task(self.watcher.run(), name="routes"))
+        if self.reporter is not None:
+            self._tasks.append(asyncio.create_task(self.reporter.run(), name="traffic"))
+
+    async def stop(self) -> None:
+        """Stop the background tasks, post the last report, close connections."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.reporter is not None:
+            try:
+                await asyncio.wait_for(self.reporter.report_once(), _FINAL_REPORT_TIMEOUT_S)
+            except TimeoutError:
+                log.warning("the last traffic report timed out; its windows are lost")
+        self.upstream.close()
+        if self.control_plane is not None:
+            await self.control_plane.aclose()
+
+
+def gateway_id() -> str:
+    """This process's id in traffic reports: hostname-pid-random."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"[:128]
+
+
+def build_gateway(
+    settings: GatewaySettings,
+    *,
+    port: int | None = None,
+    control_plane: ControlPlaneLink | None = None,
+    rng: random.Random | None = None,
+) -> Gateway:
+    """Wire a gateway for SETTINGS. PORT is the one it listens on (for its traffic reports);
+    CONTROL_PLANE replaces the client built from the settings. Raises `SettingsError` when the
+    token file, the routes file or a CA file cannot be used."""
+    try:
+        engine_tls = client_context(settings.engine_ca_file)
+    except TlsError as exc:
+        raise SettingsError(f"invalid setting engine_ca_file: {exc}") from None
+    metrics = GatewayMetrics()
+    upstream = UpstreamPool(
+        connect_timeout_s=settings.upstream_connect_timeout_s,
+        timeout_s=settings.upstream_timeout_s,
+        tls=engine_tls,
+    )
+
+    def ejected(instance: Instance, seconds: float) -> None:
+        metrics.ejections.labels(instance.deployment, instance.version, str(instance.id)).inc()
+        log.warning(
+            "instance ejected",
+            extra={"instance": instance.id, "deployment": instance.deployment,
+                   "version": instance.version, "seconds": seconds},
+        )  # fmt: skip
+
+    balancer = Balancer(time.monotonic, rng or random.Random(), on_eject=ejected)
+    limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst, time.monotonic)
+
+    def installed(table: RoutingTable) -> None:
+        # Per-instance and per-token state outlives tables, but not the things it is about.
+        balancer.retain(table.instance_ids())
+        limiter.retain(set(table.clients))
+        upstream.retain({i.target for r in table.routes for p in (r.stable, r.canary) if p
+                         for i in p.instances})  # fmt: skip
+
+    routes = Routes(on_install=installed)
+    windows = TrafficWindows(lambda: datetime.now(UTC))
+    proxy = Proxy(balancer, upstream, metrics, windows)
+    limits = Limits(settings.max_body_bytes, settings.max_inflight, settings.pool_header)
+    app = GatewayApp(routes=routes, proxy=proxy, limiter=limiter, metrics=metrics, limits=limits)
+    gateway = Gateway(settings, routes, balancer, upstream, metrics, windows, app)
+    app.lifespan = Lifespan(gateway.start, gateway.stop)
+
+    if settings.routes_file is not None:
+        routes.install(settings.read_routes_file())
+        return gateway
+    if control_plane is None:
+        assert settings.control_plane is not None  # settings.check(): one or the other
+        try:
+            control_plane = AsyncControlPlaneClient(
+                settings.control_plane, settings.read_token(), ca_file=settings.ca_file
+            )
+        except ClientError as exc:
+            raise SettingsError(f"invalid setting control_plane: {exc}") from None
+    gateway.control_plane = control_plane
+    gateway.watcher = RouteWatcher(control_plane, routes, settings.routes_poll_s)
+    gateway.reporter = TrafficReporter(
+        windows,
+        control_plane,
+        gateway_id=gateway_id(),
+        address=socket.gethostname() if settings.host in _WILDCARDS else settings.host,
+        port=port or settings.port or None,
+        interval_s=settings.report_interval_s,
+    )
+    return gateway
+
+
+class _CommittedStreamEnd(logging.Filter):
+    """Drops uvicorn's complaint about a response the app ended short on purpose (the engine
+    failed mid-stream; the proxy logged why already)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("ASGI callable returned without completing")
+
+
+def run(settings: GatewaySettings) -> int:
+    """Serve SETTINGS until SIGTERM/SIGINT (blocking); returns the process exit code: 0 after a
+    graceful stop, 1 when it could not listen or start. Raises `SettingsError` for a setting
+    found unusable at start (token file, routes file, CA files). Configures logging itself."""
+    import prometheus_client
+    import uvicorn
+
+    configure_logging(settings.log_level, settings.log_format)
+    logging.getLogger("uvicorn.error").addFilter(_CommittedStreamEnd())
+    prometheus_client.disable_created_metrics()  # `_created` samples only double the scrape
+    try:
+        listener = _listen(settings.host, settings.port)
+    except OSError as exc:
+        log.error(
+            "cannot listen on %s:%s: %s; choose another --port or stop what uses it",
+            settings.host, settings.port, exc.strerror or exc,
+        )  # fmt: skip
+        return EXIT_FAILED
+    port = int(listener.getsockname()[1])
+    try:
+        gateway = build_gateway(settings, port=port)
+    except BaseException:
+        listener.close()
+        raise
+    scheme = "https" if settings.tls_cert else "http"
+
+    class GatewayServer(uvicorn.Server):
+        """uvicorn, saying where it listens once it does, and exiting 0 after a drain."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            # uvicorn re-raises the signal after its graceful shutdown, which turns a clean
+            # SIGTERM into exit status 143; a drained gateway has done its job and exits 0.
+            # A second signal stops at once.
+            if self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+        async def startup(self, sockets: list[Any] | None = None) -> None:
+            await super().startup(sockets)
+            if not self.should_exit:
+                log.info(
+                    "listening",
+                    extra={"address": f"{scheme}://{settings.host}:{port}",
+                           "routes": str(settings.routes_file or settings.control_plane)},
+                )  # fmt: skip
+
+    config = uvicorn.Config(
+        gateway.app,
+        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        http="httptools",
+        lifespan="on",
+        log_config=None,  # dctl's structured logging (and its redaction)
+        access_log=False,
+        server_header=False,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+        ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
+        ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
+    )
+    server = GatewayServer(config)
+    server.run(sockets=[listener])
+    listener.close()
+    return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to HOST:PORT (0: any free port) for uvicorn to serve on."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError:
+        listener.close()
+        raise
+    return listener

@@ -1,0 +1,255 @@
+"""What the gateway served, per (deployment, version, pool), reported to the control plane.
+
+`TrafficWindows` adds up finished requests into `TrafficCounts`-shaped windows (counts and
+latency / TTFT histogram buckets over `LATENCY_BUCKETS_S`, which add up by position across
+windows and gateways). `TrafficReporter` swaps the windows out every few seconds and posts them;
+when the post fails for a reason that may pass (control plane down, overloaded, token being
+fixed) it merges them back, so nothing is lost, and memory stays bounded by the number of
+(deployment, version, pool) keys (at most `MAX_WINDOWS`), not by the length of the outage.
+
+Output tokens come from the engines' own usage reports, found as bodies stream past
+(`UsageScanner`): the gateway never parses an answer whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from bisect import bisect_left
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+from protocol.gateway import (
+    BUCKET_COUNT,
+    LATENCY_BUCKETS_S,
+    Pool,
+    TrafficAccepted,
+    TrafficReport,
+    TrafficWindow,
+)
+
+log = logging.getLogger("dctl.gateway.traffic")
+
+WindowKey = tuple[str, str, Pool]  # deployment, version (MODEL:VERSION), pool
+# How a request that reached a pool ended, as the windows count it (None: an answer, 2xx/3xx).
+ErrorClass = Literal["5xx", "timeout", "connect", "client_4xx"]
+MAX_WINDOWS = 4096  # a report's limit (`TrafficReport.windows`)
+# Report failures worth keeping the windows for: no answer, the control plane failing or busy,
+# or a token an operator can still fix. Anything else would be refused again.
+_RETRYABLE_STATUSES = {401, 403, 408, 429}
+
+
+# The engine's usage report; cannot match inside a JSON string (its quotes would be escaped).
+_USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_USAGE_TAIL = 48  # bytes kept between chunks so a match split across two is still found
+
+
+def bucket_index(seconds: float) -> int:
+    """The bucket SECONDS falls in: the first bound >= it, or the last (+Inf) bucket."""
+    return bisect_left(LATENCY_BUCKETS_S, seconds)
+
+
+@dataclass
+class Counts:
+    """One window's counts while they accumulate (`TrafficCounts` without validation)."""
+
+    requests: int = 0
+    errors_5xx: int = 0
+    errors_timeout: int = 0
+    errors_connect: int = 0
+    client_4xx: int = 0
+    output_tokens: int = 0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
+    latency_sum_s: float = 0.0
+    ttft_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
+    ttft_sum_s: float = 0.0
+
+    def add(self, other: Counts) -> None:
+        """Add OTHER's counts to these."""
+        self.requests += other.requests
+        self.errors_5xx += other.errors_5xx
+        self.errors_timeout += other.errors_timeout
+        self.errors_connect += other.errors_connect
+        self.client_4xx += other.client_4xx
+        self.output_tokens += other.output_tokens
+        self.latency_sum_s += other.latency_sum_s
+        self.ttft_sum_s += other.ttft_sum_s
+        for i in range(BUCKET_COUNT):
+            self.latency_buckets[i] += other.latency_buckets[i]
+            self.ttft_buckets[i] += other.ttft_buckets[i]
+
+
+class UsageScanner:
+    """Finds `usage.completion_tokens` in a response body as it streams past (the last one wins:
+    a stream's usage chunk, when the client asked for `include_usage`, comes last)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Scan the next CHUNK of the body."""
+        data = self._tail + chunk if self._tail else chunk
+        last = None
+        for last in _USAGE_RE.finditer(data):  # noqa: B007 - the last match is the one wanted
+            pass
+        if last is not None:
+            self.tokens = int(last.group(1))
+        self._tail = data[-_USAGE_TAIL:]
+
+
+@dataclass
+class TakenWindows:
+    """Windows swapped out for a report."""
+
+    started_at: datetime
+    ended_at: datetime
+    counts: dict[WindowKey, Counts]
+
+    def windows(self) -> list[TrafficWindow]:
+        """The windows in the report's shape."""
+        return [
+            TrafficWindow(deployment=d, version=v, pool=p, **vars(c))
+            for (d, v, p), c in sorted(self.counts.items())
+        ]
+
+
+class TrafficWindows:
+    """The windows being filled; NOW is the wall clock (reports carry real times)."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self._now = now
+        self.started_at = now()
+        self._counts: dict[WindowKey, Counts] = {}
+        self.dropped = 0  # requests not counted: more keys than a report can carry
+
+    def record(
+        self,
+        key: WindowKey,
+        error: ErrorClass | None,
+        latency_s: float,
+        ttft_s: float | None,
+        output_tokens: int,
+    ) -> None:
+        """Count one finished request. TTFT_S: None when no body byte came back."""
+        counts = self._counts.get(key)
+        if counts is None:
+            if len(self._counts) >= MAX_WINDOWS:
+                self.dropped += 1
+                return
+            counts = self._counts[key] = Counts()
+        counts.requests += 1
+        if error == "5xx":
+            counts.errors_5xx += 1
+        elif error == "timeout":
+            counts.errors_timeout += 1
+        elif error == "connect":
+            counts.errors_connect += 1
+        elif error == "client_4xx":
+            counts.client_4xx += 1
+        counts.output_tokens += output_tokens
+        counts.latency_buckets[bucket_index(latency_s)] += 1
+        counts.latency_sum_s += latency_s
+        if ttft_s is not None:
+            counts.ttft_buckets[bucket_index(ttft_s)] += 1
+            counts.ttft_sum_s += ttft_s
+
+    def peek(self, key: WindowKey) -> Counts | None:
+        """The counts of KEY so far (not swapped out)."""
+        return self._counts.get(key)
+
+    def take(self) -> TakenWindows:
+        """Swap the windows out (for a report) and start new ones."""
+        now = self._now()
+        taken = TakenWindows(self.started_at, now, self._counts)
+        self._counts = {}
+        self.started_at = now
+        return taken
+
+    def merge_back(self, taken: TakenWindows) -> None:
+        """Put windows whose report failed back, so the next report carries them too."""
+        self.started_at = min(self.started_at, taken.started_at)
+        for key, counts in taken.counts.items():
+            mine = self._counts.get(key)
+            if mine is not None:
+                mine.add(counts)
+            elif len(self._counts) < MAX_WINDOWS:
+                self._counts[key] = counts
+            else:
+                self.dropped += counts.requests
+
+
+class TrafficSink(Protocol):
+    """Where reports go: `client.http.AsyncControlPlaneClient` implements it."""
+
+    async def report_traffic(self, report: TrafficReport) -> TrafficAccepted:
+        """Post one report."""
+        ...
+
+
+class TrafficReporter:
+    """Posts the windows to SINK every INTERVAL_S as gateway GATEWAY_ID at ADDRESS:PORT."""
+
+    def __init__(
+        self,
+        windows: TrafficWindows,
+        sink: TrafficSink,
+        *,
+        gateway_id: str,
+        address: str | None,
+        port: int | None,
+        interval_s: float,
+    ) -> None:
+        self.windows = windows
+        self.sink = sink
+        self.gateway_id = gateway_id
+        self.address = address
+        self.port = port
+        self.interval_s = interval_s
+        self.failing = False
+
+    async def report_once(self) -> bool:
+        """Post what was served since the last report; True when the control plane took it
+        (or there was nothing to post)."""
+        taken = self.windows.take()
+        if not taken.counts:
+            return True
+        report = TrafficReport(
+            gateway=self.gateway_id,
+            address=self.address,
+            port=self.port,
+            started_at=taken.started_at,
+            ended_at=taken.ended_at,
+            windows=taken.windows(),
+        )
+        try:
+            accepted = await self.sink.report_traffic(report)
+        except Exception as exc:  # ClientError, or anything else: the reporter must live on
+            status = getattr(exc, "status", None)
+            if status is None or status >= 500 or status in _RETRYABLE_STATUSES:
+                self.windows.merge_back(taken)
+                if not self.failing:
+                    log.warning("cannot report traffic (kept for the next report): %s", exc)
+                self.failing = True
+            else:
+                log.error(
+                    "traffic report refused, %d windows dropped: %s", len(report.windows), exc
+                )
+            return False
+        if self.failing:
+            log.info("traffic reports accepted again")
+            self.failing = False
+        if accepted.skipped:
+            log.info(
+                "traffic windows skipped by the control plane: %s", ", ".join(accepted.skipped)
+            )
+        return True
+
+    async def run(self) -> None:
+        """Report every INTERVAL_S until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.report_once()
