@@ -21,7 +21,6 @@ import logging
 import stat
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
@@ -36,6 +35,8 @@ from protocol.settings import (
     LogFormat,
     LogLevel,
     SettingsError,
+    absolute_path,
+    http_url,
 )
 from protocol.tls import TlsError, check_server_files, client_context
 from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
@@ -93,12 +94,7 @@ class AgentSettings(FileBackedSettings):
     @field_validator("control_plane")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL; write e.g. http://cp:8700")
-        return value.strip().rstrip("/")
+        return http_url(value)
 
     @field_validator(
         "data_dir", "bootstrap_token_file", "ca_file", "metrics_tls_cert", "metrics_tls_key",
@@ -106,7 +102,7 @@ class AgentSettings(FileBackedSettings):
     )  # fmt: skip
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
-        return None if value is None else value.expanduser().resolve()
+        return absolute_path(value)
 
     @field_validator("labels", mode="before")
     @classmethod

@@ -1,9 +1,10 @@
 """What the gateway costs: through `dctl gateway` vs straight to the upstream, in one run.
 
-Part 1 (the engine): a tiny demo engine (`python -m engine.serve`) and a gateway in front of it
-(`dctl gateway --routes-file`, no control plane needed); c=8 closed-loop streamed completions,
-alternating direct and gateway rounds; prints req/s, p50/p99 latency and TTFT of both, the
-throughput ratio (goal >= 0.95) and the added p50 latency (goal <= 2 ms).
+Part 1 (the engine): a tiny demo engine (`python -m engine.serve`, one torch thread by default,
+see `--engine-threads`) and a gateway in front of it (`dctl gateway --routes-file`, no control
+plane needed); c=8 closed-loop streamed completions, alternating direct and gateway rounds;
+prints req/s, p50/p99 latency and TTFT of both, the throughput ratio (goal >= 0.95) and the
+added p50 latency (goal <= 2 ms).
 
 Part 2 (proxy capacity): a minimal canned OpenAI upstream (raw asyncio, one short completion
 per request, a separate process) and a gateway in front; a raw keep-alive HTTP/1.1 load
@@ -189,7 +190,9 @@ async def stream_round(url: str, key: str, concurrency: int, seconds: float, tok
     return result
 
 
-def engine_part(tmp: Path, rounds: int, seconds: float, tokens: int, concurrency: int) -> None:
+def engine_part(
+    tmp: Path, rounds: int, seconds: float, tokens: int, concurrency: int, engine_threads: int
+) -> None:
     checkpoint = create_demo_checkpoint(tmp / "tiny", seed=0, size="tiny")
     port = free_port()
     config = tmp / "engine.yaml"
@@ -198,7 +201,7 @@ def engine_part(tmp: Path, rounds: int, seconds: float, tokens: int, concurrency
                     "max_concurrent_requests": concurrency, "max_queue": 64},
         "model": {"path": str(checkpoint), "served_name": DEPLOYMENT, "dtype": "fp32",
                   "max_seq_len": 512},
-        "resources": {"device": "cpu"},
+        "resources": {"device": "cpu", "threads": engine_threads},
         "logging": {"level": "warning"},
     }))  # fmt: skip
     engine = subprocess.Popen(
@@ -228,8 +231,9 @@ def engine_part(tmp: Path, rounds: int, seconds: float, tokens: int, concurrency
     def med(results: list[Round], fn: Callable[[Round], float]) -> float:
         return statistics.median(fn(r) for r in results)
 
-    print(f"part 1: tiny engine, c={concurrency}, streamed completions of {tokens} tokens, "
-          f"{rounds} x {seconds:.0f} s per path (medians)")  # fmt: skip
+    print(f"part 1: tiny engine ({engine_threads} torch thread(s)), c={concurrency}, "
+          f"streamed completions of {tokens} tokens, {rounds} x {seconds:.0f} s per path "
+          "(medians)")  # fmt: skip
     for name, results in (("direct ", direct), ("gateway", through)):
         print(
             f"  {name} req/s {med(results, lambda r: r.rate):7.2f}  latency p50/p99 "
@@ -306,10 +310,13 @@ def proxy_part(tmp: Path, rounds: int, seconds: float, concurrency: int) -> None
         gateway, gw_url, secret = start_gateway(tmp, upstream_port, tmp / "gateway-proxy.log")
         gw_port = int(gw_url.rsplit(":", 1)[1])
         asyncio.run(raw_load(gw_port, secret, concurrency, min(1.0, seconds)))  # warm-up
-        direct, through = [], []
+        direct, through, light_direct, light_through = [], [], [], []
         for _ in range(rounds):
             direct.append(asyncio.run(raw_load(upstream_port, secret, concurrency, seconds)))
             through.append(asyncio.run(raw_load(gw_port, secret, concurrency, seconds)))
+            # One client at a time: the proxy's own cost, without queueing behind other requests.
+            light_direct.append(asyncio.run(raw_load(upstream_port, secret, 1, seconds / 2)))
+            light_through.append(asyncio.run(raw_load(gw_port, secret, 1, seconds / 2)))
     finally:
         for proc in (gateway, upstream):
             if proc is not None:
@@ -326,6 +333,12 @@ def proxy_part(tmp: Path, rounds: int, seconds: float, concurrency: int) -> None
           f"{d50:6.2f}/{d99:6.2f} ms")  # fmt: skip
     print(f"  gateway req/s {rate:8.0f}  p50/p99 {p50:6.2f}/{p99:6.2f} ms  added p50/p99 "
           f"{p50 - d50:+.2f}/{p99 - d99:+.2f} ms  (goal >= 500 req/s, moonshot 800)")  # fmt: skip
+    l50 = statistics.median(pct(lat, 0.5) for _, lat in light_through) * 1e3
+    l99 = statistics.median(pct(lat, 0.99) for _, lat in light_through) * 1e3
+    ld50 = statistics.median(pct(lat, 0.5) for _, lat in light_direct) * 1e3
+    ld99 = statistics.median(pct(lat, 0.99) for _, lat in light_direct) * 1e3
+    print(f"  c=1: direct p50/p99 {ld50:.2f}/{ld99:.2f} ms, gateway {l50:.2f}/{l99:.2f} ms: "
+          f"added p50/p99 {l50 - ld50:+.2f}/{l99 - ld99:+.2f} ms")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -334,13 +347,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0, help="per round and path")
     parser.add_argument("--tokens", type=int, default=32, help="streamed tokens per request")
+    parser.add_argument(
+        "--engine-threads",
+        type=int,
+        default=1,
+        help="torch threads of the CPU engine; 1 leaves a core to the gateway and the load "
+        "generator, as a GPU engine would (with every core, torch's parallel matmuls stall "
+        "whenever the gateway runs, and part 1 measures that contention, not the proxy)",
+    )
     args = parser.parse_args(argv)
     rounds, seconds = (1, 1.0) if args.smoke else (args.rounds, args.seconds)
     tokens = 8 if args.smoke else args.tokens
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         proxy_part(tmp, rounds, seconds, 32)
-        engine_part(tmp, rounds, seconds, tokens, 8)
+        engine_part(tmp, rounds, seconds, tokens, 8, args.engine_threads)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ gateways and windows add up by position.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -120,6 +121,47 @@ class TrafficCounts(ApiModel):
     @property
     def errors(self) -> int:
         """Failures that count against the version (not the client's 4xx)."""
+        return self.errors_5xx + self.errors_timeout + self.errors_connect
+
+
+@dataclass
+class Tally:
+    """Traffic counts being added up: `TrafficCounts` without validation, cheap to add to.
+
+    The gateway keeps its open windows in these; the control plane merges stored windows with
+    them. `add` takes anything with the same fields (another tally, a stored row, a
+    `TrafficCounts`); histogram buckets add up by position.
+    """
+
+    requests: int = 0
+    errors_5xx: int = 0
+    errors_timeout: int = 0
+    errors_connect: int = 0
+    client_4xx: int = 0
+    output_tokens: int = 0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
+    latency_sum_s: float = 0.0
+    ttft_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
+    ttft_sum_s: float = 0.0
+
+    def add(self, other: Any) -> None:
+        """Add OTHER's counts to these."""
+        self.requests += other.requests
+        self.errors_5xx += other.errors_5xx
+        self.errors_timeout += other.errors_timeout
+        self.errors_connect += other.errors_connect
+        self.client_4xx += other.client_4xx
+        self.output_tokens += other.output_tokens
+        self.latency_sum_s += other.latency_sum_s
+        self.ttft_sum_s += other.ttft_sum_s
+        # Stored rows were validated when they came in; a short list adds what it has.
+        for mine, theirs in ((self.latency_buckets, other.latency_buckets),
+                             (self.ttft_buckets, other.ttft_buckets)):  # fmt: skip
+            mine[: len(theirs)] = [a + b for a, b in zip(mine, theirs, strict=False)]
+
+    @property
+    def errors(self) -> int:
+        """Failures that count against the version (5xx, timeouts, connect failures)."""
         return self.errors_5xx + self.errors_timeout + self.errors_connect
 
 

@@ -10,6 +10,7 @@ import tomllib
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import ValidationError
@@ -107,3 +108,18 @@ def describe_validation_error(exc: ValidationError, prefix: str = "DCTL_") -> st
     err = exc.errors()[0]
     name = ".".join(str(p) for p in err["loc"]) or "settings"
     return f"invalid setting {name} (env {prefix}{name.upper()}): {err['msg']}"
+
+
+def http_url(value: str | None) -> str | None:
+    """A control-plane URL setting: http(s) with a host, trailing slash dropped (ValueError)."""
+    if value is None:
+        return None
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{value!r} is not an http(s) URL; write e.g. http://cp:8700")
+    return value.strip().rstrip("/")
+
+
+def absolute_path(value: Path | None) -> Path | None:
+    """A path setting made absolute (`~` expanded), so a later chdir cannot change its meaning."""
+    return None if value is None else value.expanduser().resolve()

@@ -16,14 +16,20 @@ import logging
 import stat
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.gateway import RouteTable
-from protocol.settings import FileBackedSettings, LogFormat, LogLevel, SettingsError
+from protocol.settings import (
+    FileBackedSettings,
+    LogFormat,
+    LogLevel,
+    SettingsError,
+    absolute_path,
+    http_url,
+)
 from protocol.tls import TlsError, check_server_files, client_context
 
 __all__ = ["ENV_PREFIX", "GatewaySettings", "SettingsError", "load_gateway_settings"]
@@ -83,19 +89,14 @@ class GatewaySettings(FileBackedSettings):
     @field_validator("control_plane")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{value!r} is not an http(s) URL; write e.g. http://cp:8700")
-        return value.strip().rstrip("/")
+        return http_url(value)
 
     @field_validator(
         "routes_file", "token_file", "ca_file", "tls_cert", "tls_key", "engine_ca_file"
     )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
-        return None if value is None else value.expanduser().resolve()
+        return absolute_path(value)
 
     def check(self) -> list[str]:
         """Check what one field alone cannot: one source of routes, a token for the control

@@ -18,14 +18,14 @@ import logging
 import re
 from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
 from protocol.gateway import (
-    BUCKET_COUNT,
     LATENCY_BUCKETS_S,
     Pool,
+    Tally,
     TrafficAccepted,
     TrafficReport,
     TrafficWindow,
@@ -52,34 +52,8 @@ def bucket_index(seconds: float) -> int:
     return bisect_left(LATENCY_BUCKETS_S, seconds)
 
 
-@dataclass
-class Counts:
-    """One window's counts while they accumulate (`TrafficCounts` without validation)."""
-
-    requests: int = 0
-    errors_5xx: int = 0
-    errors_timeout: int = 0
-    errors_connect: int = 0
-    client_4xx: int = 0
-    output_tokens: int = 0
-    latency_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
-    latency_sum_s: float = 0.0
-    ttft_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
-    ttft_sum_s: float = 0.0
-
-    def add(self, other: Counts) -> None:
-        """Add OTHER's counts to these."""
-        self.requests += other.requests
-        self.errors_5xx += other.errors_5xx
-        self.errors_timeout += other.errors_timeout
-        self.errors_connect += other.errors_connect
-        self.client_4xx += other.client_4xx
-        self.output_tokens += other.output_tokens
-        self.latency_sum_s += other.latency_sum_s
-        self.ttft_sum_s += other.ttft_sum_s
-        for i in range(BUCKET_COUNT):
-            self.latency_buckets[i] += other.latency_buckets[i]
-            self.ttft_buckets[i] += other.ttft_buckets[i]
+# One window's counts while they accumulate.
+Counts = Tally
 
 
 class UsageScanner:

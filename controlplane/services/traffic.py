@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy import insert
@@ -27,10 +27,10 @@ from controlplane.services.deployments import get_deployment
 from controlplane.services.errors import Invalid
 from controlplane.services.placement import load_versions
 from protocol.gateway import (
-    BUCKET_COUNT,
     LATENCY_BUCKETS_S,
     DeploymentTraffic,
     Pool,
+    Tally,
     TrafficAccepted,
     TrafficPoint,
     TrafficReport,
@@ -154,37 +154,8 @@ def histogram_quantile(
 
 
 @dataclass
-class _Merged:
-    """Windows added up: counts, and histogram buckets by position."""
-
-    requests: int = 0
-    errors_5xx: int = 0
-    errors_timeout: int = 0
-    errors_connect: int = 0
-    client_4xx: int = 0
-    output_tokens: int = 0
-    latency_sum_s: float = 0.0
-    ttft_sum_s: float = 0.0
-    latency_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
-    ttft_buckets: list[int] = field(default_factory=lambda: [0] * BUCKET_COUNT)
-
-    def add(self, row: Any) -> None:
-        """Fold in one stored window (a row with the `_QUERIED` columns) or another `_Merged`."""
-        self.requests += row.requests
-        self.errors_5xx += row.errors_5xx
-        self.errors_timeout += row.errors_timeout
-        self.errors_connect += row.errors_connect
-        self.client_4xx += row.client_4xx
-        self.output_tokens += row.output_tokens
-        self.latency_sum_s += row.latency_sum_s
-        self.ttft_sum_s += row.ttft_sum_s
-        _add_buckets(self.latency_buckets, row.latency_buckets)
-        _add_buckets(self.ttft_buckets, row.ttft_buckets)
-
-    @property
-    def errors(self) -> int:
-        """Failures that count against the version (5xx, timeouts, connect failures)."""
-        return self.errors_5xx + self.errors_timeout + self.errors_connect
+class _Merged(Tally):
+    """Windows added up, with what a series point needs."""
 
     def point(self, time: datetime) -> TrafficPoint:
         """This step of a series."""
@@ -196,11 +167,6 @@ class _Merged:
             latency_p95_s=histogram_quantile(0.95, self.latency_buckets),
             ttft_p95_s=histogram_quantile(0.95, self.ttft_buckets),
         )
-
-
-def _add_buckets(into: list[int], more: Sequence[int]) -> None:
-    # Rows are validated at ingestion; a short list (never written by us) adds what it has.
-    into[: len(more)] = [a + b for a, b in zip(into, more, strict=False)]
 
 
 def traffic_range(

@@ -147,9 +147,9 @@ def _isolated_env(home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    home = tmp_path_factory.mktemp("stack")
+def boot_stack(home: Path, host: str) -> Stack:
+    """A control plane started in HOME (its admin token read back) and the arguments of an agent
+    for HOST with two fake GPUs; the agent is not started."""
     env = _isolated_env(home)
     logs = home / "logs"
     logs.mkdir()
@@ -163,10 +163,34 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     api = ControlPlaneClient(url, token)
     first, last = free_range()
     agent_args = ["--control-plane", url, "--data-dir", str(home / "agent-data"),
-                  "--name", HOST, "--ports", f"{first}-{last}", "--gpu-backend", "fake",
+                  "--name", host, "--ports", f"{first}-{last}", "--gpu-backend", "fake",
                   "--fake-gpus", "2xH200", "--metrics-port", "0", "--startup-grace-s", "120",
                   "--allow-root"]  # fmt: skip
-    s = Stack(home, env, url, token, api, agent_args, logs, boot.server, server_port=port)
+    return Stack(home, env, url, token, api, agent_args, logs, boot.server, server_port=port)
+
+
+def stop_stack(stack: Stack) -> None:
+    """Stop the agent and the control plane, then the engines the agent leaves running."""
+    for proc in (stack.agent, stack.server):
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    # The agent leaves engines running on exit (so a restart adopts them): stop them here.
+    for pid_file in (stack.agent_data() / "agent" / "run").glob("instance-*.json"):
+        pid = json.loads(pid_file.read_text())["pid"]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stack.api.close()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    home = tmp_path_factory.mktemp("stack")
+    s = boot_stack(home, HOST)
+    api, env = s.api, s.env
     for version, seed in (("v1", "0"), ("v2", "1")):
         path = home / f"ckpt-{version}"
         s.dctl("model", "create-demo", str(path), "--seed", seed)
@@ -182,16 +206,4 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         yield s
     finally:
-        for proc in (s.agent, s.server):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        # The agent leaves engines running on exit (so a restart adopts them): stop them here.
-        for pid_file in (home / "agent-data" / "agent" / "run").glob("instance-*.json"):
-            pid = json.loads(pid_file.read_text())["pid"]
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        api.close()
+        stop_stack(s)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,17 @@ def test_a_request_id_from_the_gateway_is_echoed_and_logged(server: Any) -> None
     )
     fresh = hostile.headers["x-request-id"]
     assert len(fresh) == 32 and fresh.isalnum()
-    lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
-             if line.startswith("{")]  # fmt: skip
-    logged = {line.get("request_id"): line for line in lines if line.get("msg") == "request"}
-    assert logged["gw-abc.123"]["status"] == 200
-    assert logged["gw-abc.123"]["path"] == "/v1/completions"
-    assert fresh in logged
+
+    def logged() -> dict[str, dict[str, Any]]:
+        lines = [json.loads(line) for line in server.log_path.read_text().splitlines()
+                 if line.startswith("{")]  # fmt: skip
+        return {line.get("request_id"): line for line in lines if line.get("msg") == "request"}
+
+    # The line is written once the response is sent: it may trail the answer by a moment.
+    deadline = time.monotonic() + 10
+    while fresh not in logged() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    found = logged()
+    assert found["gw-abc.123"]["status"] == 200
+    assert found["gw-abc.123"]["path"] == "/v1/completions"
+    assert fresh in found

@@ -4,8 +4,6 @@ weight 20), and `dctl gateway` processes in front, all on loopback in a throwawa
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -16,11 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.credentials import CredentialsFile
 from client.http import ControlPlaneClient
 from protocol.gateway import CanarySet
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from tests.agent_e2e.conftest import DCTL, Stack, _isolated_env, free_port, free_range, wait_for
+from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, free_port, stop_stack, wait_for
 
 HOST = "gw-host"
 CANARY_WEIGHT = 20
@@ -96,23 +93,8 @@ class Fleet:
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     home = tmp_path_factory.mktemp("gwfleet")
-    env = _isolated_env(home)
-    logs = home / "logs"
-    logs.mkdir()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    boot = Stack(home, env, url, "", ControlPlaneClient(url), [], logs, server_port=port)
-    boot.start_server(migrate=True)
-    _, contexts = CredentialsFile(home / "config" / "dctl" / "credentials").load()
-    token = contexts["default"].token
-    assert token
-    api = ControlPlaneClient(url, token)
-    first, last = free_range()
-    agent_args = ["--control-plane", url, "--data-dir", str(home / "agent-data"),
-                  "--name", HOST, "--ports", f"{first}-{last}", "--gpu-backend", "fake",
-                  "--fake-gpus", "2xH200", "--metrics-port", "0", "--startup-grace-s", "120",
-                  "--allow-root"]  # fmt: skip
-    stack = Stack(home, env, url, token, api, agent_args, logs, boot.server, server_port=port)
+    stack = boot_stack(home, HOST)
+    api, env = stack.api, stack.env
     fleet = Fleet(stack, home / "gateway-token", "")
     try:
         for version, seed in (("v1", "0"), ("v2", "1")):
@@ -144,15 +126,4 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     finally:
         for gateway in fleet.gateways:
             gateway.stop()
-        for proc in (stack.agent, stack.server):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-        for pid_file in (home / "agent-data" / "agent" / "run").glob("instance-*.json"):
-            pid = json.loads(pid_file.read_text())["pid"]
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        api.close()
+        stop_stack(stack)

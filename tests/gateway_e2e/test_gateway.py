@@ -18,6 +18,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.gateway import DeploymentTraffic
 from protocol.rest import InstanceOut
 from tests.agent_e2e.conftest import wait_for
 from tests.gateway_e2e.conftest import CANARY_WEIGHT, Fleet
@@ -192,7 +193,7 @@ def test_two_gateways_reports_merge_into_one_traffic_series(fleet: Fleet) -> Non
             )  # fmt: skip
             assert response.status_code == 200
 
-    def merged() -> object:
+    def merged() -> DeploymentTraffic | None:
         traffic = fleet.api.deployment_traffic("demo", since=since)
         by_version = {v.version: v for v in traffic.versions}
         stable = by_version.get("demo:v1")
