@@ -102,7 +102,8 @@ def engine_config(spec: InstanceSpec) -> dict[str, Any]:
         service.update(tls_cert=spec.tls_cert, tls_key=spec.tls_key)
     model = config.setdefault("model", {})
     model.update(path=spec.snapshot_path, snapshot_digest=spec.digest)
-    model.setdefault("served_name", spec.deployment)
+    # Clients name the deployment (through the gateway or not): another name would be a 404.
+    model["served_name"] = spec.deployment
     config.setdefault("resources", {}).setdefault("device", spec.device)
     config.setdefault("logging", {}).setdefault("format", "json")
     return config

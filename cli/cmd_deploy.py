@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,51 @@ def _placement(deployment: Mapping[str, Any]) -> str:
     return ", ".join(parts) or "-"
 
 
+def _canary(deployment: Mapping[str, Any]) -> str:
+    version = deployment.get("canary_version")
+    return f"{version} at {deployment.get('canary_weight', 0)}%" if version else "-"
+
+
+def _ms(key: str) -> Callable[[Mapping[str, Any]], str | None]:
+    def read(row: Mapping[str, Any]) -> str | None:
+        value = row.get(key)
+        return None if value is None else f"{value * 1000:.0f} ms"
+
+    return read
+
+
+def _percent(row: Mapping[str, Any]) -> str | None:
+    rate = row.get("error_rate")
+    return None if rate is None else f"{rate * 100:.2f}%"
+
+
+def _mean(key: str) -> Callable[[Mapping[str, Any]], str | None]:
+    return lambda row: None if row.get(key) is None else f"{row[key]:.2f}"
+
+
+TRAFFIC_COLUMNS: list[Column] = [
+    ("version", "version"),
+    ("pool", "pool"),
+    ("requests", "requests"),
+    ("errors", "errors"),
+    ("error %", _percent),
+    ("client 4xx", "client_4xx"),
+    ("p50", _ms("latency_p50_s")),
+    ("p95", _ms("latency_p95_s")),
+    ("p99", _ms("latency_p99_s")),
+    ("ttft p50", _ms("ttft_p50_s")),
+    ("ttft p95", _ms("ttft_p95_s")),
+    ("tokens out", "output_tokens"),
+    ("steps/block", _mean("steps_per_block")),
+    ("tokens/fwd", _mean("tokens_per_forward")),
+]
+
+
 DEPLOYMENT_COLUMNS: list[Column] = [
     ("name", "name"),
     ("model", "model"),
     ("version", "version"),
+    ("canary", _canary),
     ("placement", _placement),
     ("per host", "instances_per_host"),
     ("gpus each", lambda d: d.get("gpus_per_instance") or "all"),
@@ -138,6 +179,33 @@ def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
     emit(found, as_json=False, fields=fields)
     print()
     print_table(found["instances"], DEPLOYMENT_INSTANCE_COLUMNS, empty="no instances")
+
+
+@deploy_app.command("traffic")
+def deploy_traffic(
+    name: str,
+    since: str = typer.Option(
+        "5m", "--since", help="How far back: 30s, 5m, 1h ... up to 24h (default 5m)."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """What the gateways served of deployment NAME, per version: requests, errors, latency
+    quantiles, TTFT, and the engines' denoising steps per block and tokens per forward."""
+    from datetime import UTC, datetime, timedelta
+
+    from cli.cmd_fleet import parse_duration
+
+    start = datetime.now(UTC) - timedelta(seconds=parse_duration(since, "--since"))
+    with connect() as api:
+        traffic = plain(api.deployment_traffic(name, since=start))
+    if as_json:
+        print_json(traffic)
+        return
+    versions = traffic["versions"]
+    for row in versions:
+        row["errors"] = row["errors_5xx"] + row["errors_timeout"] + row["errors_connect"]
+    print(f"deployment {name}, last {since}, from {traffic['gateways']} gateway(s)")
+    print_table(versions, TRAFFIC_COLUMNS, empty="no traffic reported in that range")
 
 
 @deploy_app.command("scale")

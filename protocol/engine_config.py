@@ -172,6 +172,8 @@ AGENT_DECIDED_KEYS: dict[str, str] = {
     "service.api_key": "API keys are managed per instance by the control plane",
     "model.path": "the agent serves the verified snapshot of the deployment's model version",
     "model.snapshot_digest": "the agent sets the digest of the snapshot it serves",
+    "model.served_name": "engines serve their deployment's name, which clients and the gateway "
+    "route by",
     "service.tls_cert": "the agent gives its engines its host's certificate (engine_tls_cert)",
     "service.tls_key": "the agent gives its engines its host's key (engine_tls_key)",
 }

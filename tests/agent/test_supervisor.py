@@ -208,9 +208,10 @@ def test_a_dead_engine_is_not_adopted(rig: tuple) -> None:
 
 
 def test_engine_config_keeps_agent_keys() -> None:
+    # Stored before served_name was the agent's to decide: the gateway routes by deployment name.
     config = engine_config(spec(model={"snapshot_digest": "x", "served_name": "alias"}))
     assert config["model"]["snapshot_digest"] == DIGEST
-    assert config["model"]["served_name"] == "alias"
+    assert config["model"]["served_name"] == "demo"
 
 
 def test_logs_rotate_on_start_and_copy_truncate_when_large(tmp_path: Path) -> None:

@@ -108,6 +108,9 @@ def test_engine_config_is_validated_naming_the_key_and_stored_normalised(api: Ap
             "service": {"api_key": "secret"}
         },
         "model.threshold": {"model": {"threshold": 2}},
+        "model.served_name cannot be set: engines serve their deployment's name": {
+            "model": {"served_name": "alias"}
+        },
     }
     for needle, config in cases.items():
         response = deploy(api, "web", ["gpu-1"], engine_config=config)

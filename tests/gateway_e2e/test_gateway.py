@@ -206,6 +206,8 @@ def test_two_gateways_reports_merge_into_one_traffic_series(fleet: Fleet) -> Non
     assert stable.output_tokens == 50
     assert stable.latency_p50_s is not None and stable.latency_p95_s is not None
     assert sum(p.requests for s in traffic.series for p in s.points if s.version == "demo:v1") == 50
+    shown = fleet.stack.dctl("deploy", "traffic", "demo", "--since", "1h").stdout
+    assert "from 2 gateway(s)" in shown and "demo:v1" in shown and "stable" in shown
 
 
 def stable_requests(fleet: Fleet) -> int:
