@@ -248,9 +248,11 @@ class Proxy:
                 while (chunk := await exchange.next_chunk()) is not None:
                     if scanner is not None:
                         scanner.feed(chunk)
+                    if exchange.complete:  # the last bytes: one write with the body's end
+                        break
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 progress.done = True
-                await send({"type": "http.response.body", "body": b""})
+                await send({"type": "http.response.body", "body": chunk or b""})
         except UpstreamError as exc:
             # Committed: the client's response ends short (uvicorn closes the connection).
             if isinstance(exc, ExchangeTimeout):

@@ -232,6 +232,7 @@ def run(settings: GatewaySettings) -> int:
         lifespan="on",
         log_config=None,  # dctl's structured logging (and its redaction)
         access_log=False,
+        proxy_headers=False,  # nothing reads the client's address; saves a layer per request
         server_header=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
         ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,

@@ -43,6 +43,7 @@ _RETRYABLE_STATUSES = {401, 403, 408, 429}
 
 
 # The engine's usage report; cannot match inside a JSON string (its quotes would be escaped).
+_USAGE_KEY = b'"completion_tokens"'
 _USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _USAGE_TAIL = 48  # bytes kept between chunks so a match split across two is still found
 
@@ -67,11 +68,12 @@ class UsageScanner:
     def feed(self, chunk: bytes) -> None:
         """Scan the next CHUNK of the body."""
         data = self._tail + chunk if self._tail else chunk
-        last = None
-        for last in _USAGE_RE.finditer(data):  # noqa: B007 - the last match is the one wanted
-            pass
-        if last is not None:
-            self.tokens = int(last.group(1))
+        if _USAGE_KEY in data:  # most chunks hold none: a substring test is far cheaper
+            last = None
+            for last in _USAGE_RE.finditer(data):  # noqa: B007 - the last match is the one wanted
+                pass
+            if last is not None:
+                self.tokens = int(last.group(1))
         self._tail = data[-_USAGE_TAIL:]
 
 

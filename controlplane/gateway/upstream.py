@@ -1,5 +1,5 @@
-"""The gateway's HTTP/1.1 client for engines: keep-alive connections over asyncio streams, with
-responses parsed by httptools and handed on chunk by chunk as they arrive.
+"""The gateway's HTTP/1.1 client for engines: keep-alive connections as asyncio protocols, with
+responses parsed by httptools as bytes arrive and handed on chunk by chunk.
 
 Why not httpx: on the request path every microsecond is the gateway's overhead, and a general
 client spends hundreds of them per request; this one does only what an engine exchange needs
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from dataclasses import dataclass, field
+from typing import cast
 
 import httptools
 
@@ -60,25 +60,67 @@ class _StaleConnection(Exception):
     """A reused connection was closed by the engine before it read the request."""
 
 
-@dataclass(eq=False)
-class _Connection:
-    target: Target
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    idle_since: float = field(default=0.0)
+class _Connection(asyncio.Protocol):
+    """One engine connection: bytes that arrive go straight to the exchange it serves (no
+    stream buffer in between); bytes that arrive while it is idle make it unusable."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.transport: asyncio.Transport | None = None
+        self.exchange: Exchange | None = None
+        self.idle_since = 0.0
+        self.lost = False
+        self._write_paused = False
+        self._drained: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        if self.exchange is not None:
+            self.exchange._feed(data)
+        else:  # an idle connection has nothing to say: it cannot be trusted with a request
+            self.abort()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._wake_writer()
+        if self.exchange is not None:
+            self.exchange._lost()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Wait until the request is written out (or the connection is gone)."""
+        if self._write_paused and not self.lost:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
 
     def usable(self, now: float) -> bool:
+        assert self.transport is not None
         return (
-            not self.writer.transport.is_closing()
-            and not self.reader.at_eof()
-            and now - self.idle_since < IDLE_TTL_S
+            not self.lost and not self.transport.is_closing() and now - self.idle_since < IDLE_TTL_S
         )
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
     def abort(self) -> None:
-        self.writer.transport.abort()
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class Exchange:
@@ -87,7 +129,9 @@ class Exchange:
     `status` and `headers` are there once `UpstreamPool.send` returns; the body comes from
     `next_chunk()` as it arrives. `release()` ends the exchange: the connection goes back to the
     pool after a complete response, and is closed otherwise (so an engine whose answer is cut
-    short sees its client leave, and cancels the request).
+    short sees its client leave, and cancels the request). While more than `_READ_SIZE` body
+    bytes wait for `next_chunk()` the connection stops reading, so a slow client holds the
+    engine back instead of filling the gateway's memory.
     """
 
     def __init__(self, pool: UpstreamPool, conn: _Connection, deadline: float) -> None:
@@ -97,6 +141,8 @@ class Exchange:
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._body: list[bytes] = []
+        self._buffered = 0
+        self._reading_paused = False
         self._received = 0
         self._messages = 0
         self._framed = False  # content-length or chunked: the body's end is not the connection's
@@ -105,7 +151,12 @@ class Exchange:
         self._keep_alive = False
         self.timed_out = False
         self._released = False
-        self._timer = asyncio.get_running_loop().call_at(deadline, self._expire)
+        self._failure: UpstreamError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._timer = loop.call_at(deadline, self._expire)
+        conn.exchange = self
 
     # --- httptools callbacks ---
 
@@ -126,63 +177,88 @@ class Exchange:
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
+        self._buffered += len(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
         self._keep_alive = self._parser.should_keep_alive()
 
-    # --- reading ---
+    # --- the connection's events ---
 
-    async def _feed(self) -> None:
-        try:
-            data = await self._conn.reader.read(_READ_SIZE)
-        except OSError:
-            data = b""
-        if not data:
-            self._ended()
-            return
+    def _feed(self, data: bytes) -> None:
         self._received += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             if self.complete:  # bytes after the response: answered, but not reusable
                 self._messages += 1
-                return
-            raise ExchangeBroken(
-                f"engine sent something that is not HTTP: {exc}", answered=self.head_complete
-            ) from None
+            elif self._failure is None:
+                self._failure = ExchangeBroken(
+                    f"engine sent something that is not HTTP: {exc}", answered=self.head_complete
+                )
+                self._conn.abort()
         if self._messages > 1:
             self._keep_alive = False
+        if self._buffered > _READ_SIZE and not self._reading_paused and not self.complete:
+            self._reading_paused = True
+            assert self._conn.transport is not None
+            self._conn.transport.pause_reading()
+        self._wake()
 
-    def _ended(self) -> None:
-        """The connection ended before the response was complete."""
-        if self.timed_out:
-            raise ExchangeTimeout(
-                f"engine did not finish answering within {self._pool.timeout_s:g} s",
-                answered=self.head_complete,
-            )
-        if self.head_complete and not self._framed:
-            self.complete = True  # a body that ends with the connection
-            self._keep_alive = False
-            return
-        raise ExchangeBroken(
-            "engine closed the connection " + ("mid-body" if self.head_complete else "unanswered"),
-            answered=self.head_complete,
-        )
+    def _lost(self) -> None:
+        """The connection ended: complete a body that ends with it, else fail the exchange."""
+        if not self.complete and self._failure is None:
+            if self.timed_out:
+                self._failure = ExchangeTimeout(
+                    f"engine did not finish answering within {self._pool.timeout_s:g} s",
+                    answered=self.head_complete,
+                )
+            elif self.head_complete and not self._framed:
+                self.complete = True  # a body that ends with the connection
+                self._keep_alive = False
+            else:
+                self._failure = ExchangeBroken(
+                    "engine closed the connection "
+                    + ("mid-body" if self.head_complete else "unanswered"),
+                    answered=self.head_complete,
+                )
+        self._keep_alive = False
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # --- reading ---
 
     async def _read_head(self) -> None:
         # No 1xx answer to skip: engines are sent no `Expect`.
         while not self.head_complete:
-            await self._feed()
+            if self._failure is not None:
+                raise self._failure
+            self._waiter = waiter = self._loop.create_future()
+            await waiter
 
     async def next_chunk(self) -> bytes | None:
         """The body bytes that arrived since the last call (waiting for some); None at the end."""
         while not self._body:
             if self.complete:
                 return None
-            await self._feed()
-        chunk = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        self._body.clear()
+            if self._failure is not None:
+                raise self._failure
+            self._waiter = waiter = self._loop.create_future()
+            await waiter  # inline, not a helper coroutine: this runs once per chunk
+        body = self._body
+        chunk = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._reading_paused:
+            self._reading_paused = False
+            assert self._conn.transport is not None
+            self._conn.transport.resume_reading()
         return chunk
 
     # --- ending ---
@@ -199,10 +275,16 @@ class Exchange:
             return
         self._released = True
         self._timer.cancel()
-        if self.complete and self._keep_alive and not self.timed_out:
-            self._pool._put_idle(self._conn)
+        conn = self._conn
+        conn.exchange = None
+        if self.complete and self._keep_alive and not self.timed_out and not conn.lost:
+            if self._reading_paused:
+                self._reading_paused = False
+                assert conn.transport is not None
+                conn.transport.resume_reading()
+            self._pool._put_idle(conn)
         else:
-            self._conn.close()
+            conn.close()
 
 
 class UpstreamPool:
@@ -240,16 +322,13 @@ class UpstreamPool:
     ) -> Exchange:
         exchange = Exchange(self, conn, deadline)
         try:
-            writer = conn.writer
+            transport = conn.transport
+            assert transport is not None
             if len(body) < _READ_SIZE:
-                writer.write(head + body)
+                transport.write(head + body)
             else:
-                writer.write(head)
-                writer.write(body)
-            try:
-                await writer.drain()
-            except OSError:
-                exchange._ended()  # raises the right error
+                transport.writelines((head, body))
+            await conn.drain()
             await exchange._read_head()
         except ExchangeBroken as exc:
             exchange.release()
@@ -266,10 +345,15 @@ class UpstreamPool:
         tls = None
         if scheme == "https":
             tls = self._tls or ssl.create_default_context()
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(
-                    address, port, ssl=tls, server_hostname=address if tls else None
+            _, conn = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(target),
+                    address,
+                    port,
+                    ssl=tls,
+                    server_hostname=address if tls else None,
                 ),
                 self.connect_timeout_s,
             )
@@ -283,7 +367,7 @@ class UpstreamPool:
             raise ConnectFailed(
                 f"cannot connect to {scheme}://{address}:{port}: {reason}"
             ) from None
-        return _Connection(target, reader, writer)
+        return conn
 
     def _take_idle(self, target: Target) -> _Connection | None:
         idle = self._idle.get(target)

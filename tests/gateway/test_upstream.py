@@ -157,6 +157,36 @@ def test_an_unanswered_request_is_broken_and_a_silent_engine_times_out() -> None
     _run(scenario)
 
 
+def test_a_reader_that_falls_behind_holds_the_engine_back() -> None:
+    """Bytes waiting for `next_chunk()` stay bounded: the connection stops reading, and the
+    whole body still arrives once the reader catches up."""
+    total = 8 * 2**20
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(len(BODY))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+        for _ in range(total // 2**16):
+            writer.write(b"x" * 2**16)
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        exchange = await _pool().send(("http", "127.0.0.1", port), _head(port, BODY), BODY)
+        await asyncio.sleep(0.3)  # the engine would have sent it all by now, unhindered
+        assert exchange._buffered < 2**20, "the gateway read on without a reader"
+        received = 0
+        while (chunk := await exchange.next_chunk()) is not None:
+            received += len(chunk)
+        exchange.release()
+        assert received == total
+        server.close()
+
+    _run(scenario)
+
+
 def test_releasing_an_unfinished_exchange_closes_the_engine_connection() -> None:
     async def scenario() -> None:
         engine = CannedEngine("x")
