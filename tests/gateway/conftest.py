@@ -12,9 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,11 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.gateway import Gateway, GatewaySettings, build_gateway
 from tests.gateway.canned_engine import CannedEngine, LoopThread, refused_port
+from tests.uvicorn_thread import serve_in_thread
 
 # name -> (instance id, mode)
 ENGINES: dict[str, tuple[int, str]] = {
@@ -159,28 +156,11 @@ def served(settings: GatewaySettings, fleet: Fleet, **wiring: Any) -> Iterator[L
     """A gateway for SETTINGS (WIRING: `build_gateway`'s keywords), served by uvicorn in a
     thread until the block ends; then it stops as on SIGTERM (lifespan shutdown included)."""
     gateway = build_gateway(settings, **wiring)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = int(listener.getsockname()[1])
-    config = uvicorn.Config(
+    with serve_in_thread(
         gateway.app, loop="uvloop", http="httptools", lifespan="on", log_config=None,
         access_log=False, server_header=False,
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=url, timeout=30) as http:
-        try:
-            yield LiveGateway(url, gateway, fleet, http)
-        finally:
-            server.should_exit = True
-            thread.join(30)
-            listener.close()
+    ) as url, httpx.Client(base_url=url, timeout=30) as http:  # fmt: skip
+        yield LiveGateway(url, gateway, fleet, http)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ The tests talk to it over TCP, as an attacker would, with httpx or a raw socket.
 from __future__ import annotations
 
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
@@ -23,6 +21,7 @@ from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
 from controlplane.settings import ControlPlaneSettings
 from tests.controlplane.conftest import FakeClock
+from tests.uvicorn_thread import serve_in_thread
 
 V = "/api/v1"
 
@@ -83,27 +82,15 @@ def serve(db_url: str, **settings: Any) -> Iterator[LiveControlPlane]:
         engine=engine,
         run_controllers=False,
     )
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    port = int(listener.getsockname()[1])
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", server_header=False)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{port}"
-    with httpx.Client(base_url=url, timeout=30) as http:
-        try:
+    try:
+        with (
+            serve_in_thread(app, log_level="warning", lifespan="on", server_header=False) as url,
+            httpx.Client(base_url=url, timeout=30) as http,
+        ):
+            port = int(url.rsplit(":", 1)[1])
             yield LiveControlPlane(url, port, app, engine, clock, admin, http)
-        finally:
-            server.should_exit = True
-            thread.join(30)
-            listener.close()
-            engine.dispose()
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture
