@@ -81,12 +81,27 @@ def params_error(exc: InvalidParams) -> ApiError:
 
 
 def sampling_params(
-    body: BaseRequest, defaults: ModelSection, max_tokens: int | None, thinking: bool | None
+    body: BaseRequest,
+    defaults: ModelSection,
+    max_tokens: int | None,
+    thinking: bool | None,
+    default_block: int,
 ) -> SamplingParams:
-    """The request's decoding parameters; unset diffusion knobs take the server's defaults."""
+    """The request's decoding parameters; unset diffusion knobs take the server's defaults.
+
+    The server's default `steps` applies only to a request that chose no mode (neither
+    `steps` nor `threshold`), capped at the request's block size: a request asking for a
+    smaller block than the default schedule has steps for still decodes.
+    """
 
     def pick(value: Any, default: Any) -> Any:
         return default if value is None else value
+
+    block_size = pick(body.block_size, defaults.block_size)
+    steps = body.steps
+    if steps is None and body.threshold is None and defaults.steps is not None:
+        block = pick(block_size, default_block)
+        steps = min(defaults.steps, block) if isinstance(block, int) else defaults.steps
 
     return SamplingParams(
         max_tokens=pick(max_tokens, COMPLETION_DEFAULT_MAX_TOKENS),
@@ -95,9 +110,9 @@ def sampling_params(
         top_k=pick(body.top_k, 0),
         seed=body.seed,
         stop=[body.stop] if isinstance(body.stop, str) else body.stop,
-        block_size=pick(body.block_size, defaults.block_size),
+        block_size=block_size,
         threshold=pick(body.threshold, defaults.threshold),
-        steps=body.steps,
+        steps=steps,
         min_steps=pick(body.min_steps, defaults.min_steps),
         max_steps=pick(body.max_steps, defaults.max_steps),
         thinking=thinking,

@@ -13,6 +13,7 @@ The weights are random: the model produces fluent-looking token soup, not Englis
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,9 @@ SHAPES: dict[str, DemoShape] = {
 }
 
 
-def train_tokenizer(vocab_size: int) -> Any:
-    """Train a byte-level BPE tokenizer on the built-in corpus (deterministic, no download)."""
+def train_tokenizer(vocab_size: int, texts: Iterable[str] | None = None) -> Any:
+    """Train a byte-level BPE tokenizer on `texts` (default: the built-in corpus's lines);
+    deterministic, no download."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -130,7 +132,8 @@ def train_tokenizer(vocab_size: int) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(CORPUS.splitlines(), trainer=trainer)
+    corpus = CORPUS.splitlines() if texts is None else texts
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
     return tokenizer
 
@@ -140,7 +143,7 @@ def _padded(n: int, multiple: int = 64) -> int:
     return -(-n // multiple) * multiple
 
 
-def _config(shape: DemoShape, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
+def checkpoint_config(shape: DemoShape, vocab_size: int, ids: dict[str, int]) -> dict[str, Any]:
     return {
         "architectures": ["SDARMoeForCausalLM"],
         "model_type": "sdar_moe",
@@ -243,7 +246,7 @@ def _tokenizer_config(
     return config
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def write_json(path: Path, data: dict[str, Any]) -> None:
     # Fixed key order and formatting: part of the byte-identical promise.
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -254,6 +257,7 @@ def write_tokenizer(
     vocab_size: int,
     max_positions: int = 2048,
     chat_template: str | None = CHAT_TEMPLATE,
+    texts: Iterable[str] | None = None,
 ) -> Any:
     """Write the demo tokenizer (`tokenizer.json` + `tokenizer_config.json`) into `directory`.
 
@@ -262,10 +266,10 @@ def write_tokenizer(
     writes a tokenizer without one. Returns the `tokenizers.Tokenizer` it trained.
     """
     out = Path(directory)
-    tokenizer = train_tokenizer(vocab_size)
+    tokenizer = train_tokenizer(vocab_size, texts)
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + THINK_TOKENS}
     tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config(ids, max_positions, chat_template))
+    write_json(out / "tokenizer_config.json", _tokenizer_config(ids, max_positions, chat_template))
     return tokenizer
 
 
@@ -290,8 +294,8 @@ def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = 
     tokenizer = write_tokenizer(out, vocab_size=shape.bpe_vocab, max_positions=shape.max_positions)
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS + THINK_TOKENS}
     vocab_size = _padded(tokenizer.get_vocab_size(with_added_tokens=True))
-    _write_json(out / "config.json", _config(shape, vocab_size, ids))
-    _write_json(
+    write_json(out / "config.json", checkpoint_config(shape, vocab_size, ids))
+    write_json(
         out / "generation_config.json",
         {
             "bos_token_id": ids["<|endoftext|>"],

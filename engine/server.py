@@ -327,7 +327,7 @@ def create_app(state: ServerState) -> FastAPI:
         prompts = await asyncio.to_thread(completion_prompts, body.prompt, served.tokenizer)
         if body.stream and len(prompts) != 1:
             raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
-        params = sampling_params(body, config.model, body.max_tokens, None)
+        params = sampling_params(body, config.model, body.max_tokens, None, served.default_block)
         for prompt in prompts:
             validate(served, params, prompt)
         admitted: list[tuple[str, Any]] = []
@@ -380,7 +380,7 @@ def create_app(state: ServerState) -> FastAPI:
         max_tokens = chat_max_tokens(
             body, len(prompt), config.model.max_seq_len, served.default_block
         )
-        params = sampling_params(body, config.model, max_tokens, thinking)
+        params = sampling_params(body, config.model, max_tokens, thinking, served.default_block)
         validate(served, params, prompt)
         request_id, updates = admit(served, prompt, params)
         rid = new_id("chatcmpl")

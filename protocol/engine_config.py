@@ -6,7 +6,8 @@ service:   {host: 127.0.0.1, port: 8080, max_concurrent_requests: 32, max_queue:
             max_body_bytes: 16777216,
             tls_cert: null, tls_key: null}
 model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_size: 32,
-            threshold: 0.9, min_steps: 1, max_steps: 32, thinking: false, snapshot_digest: null}
+            threshold: 0.9, steps: null, min_steps: 1, max_steps: 32, thinking: false,
+            snapshot_digest: null}
 resources: {device: auto, memory_fraction: 0.85, threads: null}
 logging:   {level: info, format: json}
 ```
@@ -27,6 +28,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from protocol.tls import check_key_file, check_server_files
@@ -93,9 +95,21 @@ class ModelTuning(_Section):
     # None: the checkpoint's own block size.
     block_size: Annotated[int, Field(ge=1)] | None = None
     threshold: Annotated[float, Field(gt=0, le=1)] = 0.9
+    # Steps mode by default (every block in exactly this many steps; capped at a request's
+    # block size); None keeps threshold mode. A request that sets `steps` or `threshold`
+    # chooses its own mode.
+    steps: Annotated[int, Field(ge=1)] | None = None
     min_steps: Annotated[int, Field(ge=1)] = 1
     max_steps: Annotated[int, Field(ge=1)] | None = None
     thinking: bool = False
+
+    @model_validator(mode="after")
+    def _steps_fit_the_block(self) -> ModelTuning:
+        if self.steps is not None and self.block_size is not None and self.steps > self.block_size:
+            raise ValueError(
+                f"model.steps ({self.steps}) must be <= model.block_size ({self.block_size})"
+            )
+        return self
 
 
 class ModelSection(ModelTuning):
@@ -221,6 +235,7 @@ FLAGS: dict[str, str] = {
     "max-seq-len": "model.max_seq_len",
     "block-size": "model.block_size",
     "threshold": "model.threshold",
+    "steps": "model.steps",
     "min-steps": "model.min_steps",
     "max-steps": "model.max_steps",
     "thinking": "model.thinking",

@@ -77,6 +77,8 @@ def test_flags_override_the_file(tmp_path: Path, demo_checkpoint: Path) -> None:
         ({}, {"logging": {"level": "loud"}}, "logging.level"),
         ({}, {"service": {"max_concurrent_requests": 0}}, "service.max_concurrent_requests"),
         ({"path": "/nonexistent/ckpt"}, {}, "model.path"),
+        ({"steps": 0}, {}, "model.steps"),
+        ({"block_size": 4, "steps": 8}, {}, "model.steps (8) must be <= model.block_size (4)"),
     ],
 )
 def test_bad_configs_fail_with_one_line_naming_the_key(
