@@ -29,6 +29,7 @@ ERROR_REASONS = (
     "not_ready",
     "timeout",
     "engine_error",
+    "chaos_injected",  # a fault the engine config's `chaos` section asked for
 )
 
 

@@ -246,6 +246,11 @@ def log_start(config: ServeConfig) -> None:
     """The first log line: this process and its whole configuration. The API key in it is
     redacted by the project's formatters (`protocol.logs`), like every secret of every line."""
     log.info("starting", extra={"pid": os.getpid(), "config": config.model_dump(mode="json")})
+    if config.chaos.active:
+        # Loud on purpose: an engine that fails requests on purpose must never go unnoticed.
+        log.warning(
+            "chaos is on: requests fail or slow down on purpose", extra=config.chaos.model_dump()
+        )
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m engine.serve") -> int:

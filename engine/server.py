@@ -34,6 +34,7 @@ from engine.api_requests import (
     sampling_params,
 )
 from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFull
+from engine.chaos import Chaos
 from engine.errors import EngineError, InvalidParams
 from engine.metrics import EngineMetrics
 from engine.params import SamplingParams
@@ -123,6 +124,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="dctl engine", version="1", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(RequestLog)
+    chaos = Chaos(config.chaos)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -316,6 +318,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def completions(request: Request) -> Response:
         authorize(request, config.service.api_key)
         served = require_ready()
+        await chaos.strike()
         body: CompletionRequest = await parse(request, CompletionRequest)
         check_prompt_sizes(
             body.prompt,
@@ -369,6 +372,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         authorize(request, config.service.api_key)
         served = require_ready()
+        await chaos.strike()
         body: ChatCompletionRequest = await parse(request, ChatCompletionRequest)
         thinking = body.thinking if body.thinking is not None else config.model.thinking
         check_chat_size(

@@ -10,6 +10,7 @@ model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_s
             snapshot_digest: null}
 resources: {device: auto, memory_fraction: 0.85, threads: null}
 logging:   {level: info, format: json}
+chaos:     {error_rate: 0.0, extra_latency_ms: 0}   # fault injection for game days; off
 ```
 
 Unknown keys and bad values fail at start-up with `ServeConfigError`, one line naming the key.
@@ -150,6 +151,25 @@ class ResourcesConfig(_Section):
         return value
 
 
+class ChaosConfig(_Section):
+    """Fault injection, to rehearse a bad release for real (a canary that fails or is slow).
+
+    Applies to generation requests (completions and chat) that passed authentication; probes,
+    metrics and model listing are never touched. Off by default; the server logs a warning at
+    start when it is on.
+    """
+
+    # Share of generation requests answered with a 500 (code `chaos_injected`), before any work.
+    error_rate: Annotated[float, Field(ge=0, le=1)] = 0.0
+    # Delay added to every generation request before it is admitted.
+    extra_latency_ms: Annotated[int, Field(ge=0, le=600_000)] = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is injected."""
+        return self.error_rate > 0 or self.extra_latency_ms > 0
+
+
 class LoggingConfig(_Section):
     """Log level and line format."""
 
@@ -164,6 +184,7 @@ class ServeConfig(_Section):
     model: ModelSection
     resources: ResourcesConfig = ResourcesConfig()
     logging: LoggingConfig = LoggingConfig()
+    chaos: ChaosConfig = ChaosConfig()
 
 
 class DeploymentEngineConfig(_Section):
@@ -177,6 +198,7 @@ class DeploymentEngineConfig(_Section):
     model: ModelTuning = ModelTuning()
     resources: ResourcesConfig = ResourcesConfig()
     logging: LoggingConfig = LoggingConfig()
+    chaos: ChaosConfig = ChaosConfig()
 
 
 # Keys the agent (or the control plane) decides per instance, and why a deployment cannot.
@@ -245,6 +267,8 @@ FLAGS: dict[str, str] = {
     "threads": "resources.threads",
     "log-level": "logging.level",
     "log-format": "logging.format",
+    "chaos-error-rate": "chaos.error_rate",
+    "chaos-extra-latency-ms": "chaos.extra_latency_ms",
 }
 
 _NULLS = {"null", "none", "~"}

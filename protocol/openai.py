@@ -88,7 +88,12 @@ class ApiError(Exception):
     @property
     def metric_reason(self) -> str | None:
         """The `dllm_request_errors_total` reason this refusal counts under (None: not counted)."""
-        if self.code in ("context_length_exceeded", "model_not_found", "engine_error"):
+        if self.code in (
+            "context_length_exceeded",
+            "model_not_found",
+            "engine_error",
+            "chaos_injected",
+        ):
             return self.code
         return {
             400: "invalid_request",

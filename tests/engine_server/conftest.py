@@ -155,9 +155,15 @@ def raw_exchange(url: str, request: bytes, timeout_s: float = 20.0) -> RawRespon
 
 
 def launch_server(
-    tmp: Path, checkpoint: Path, service: dict[str, Any] | None = None, **model: Any
+    tmp: Path,
+    checkpoint: Path,
+    service: dict[str, Any] | None = None,
+    *,
+    sections: dict[str, Any] | None = None,
+    **model: Any,
 ) -> ServerProcess:
-    """Write a config file and start the server process (not waiting for it)."""
+    """Write a config file and start the server process (not waiting for it); `sections`
+    adds whole config sections (e.g. `chaos`)."""
     port = free_port()
     config = {
         "service": {"host": "127.0.0.1", "port": port, **(service or {})},
@@ -165,6 +171,7 @@ def launch_server(
                   "max_seq_len": 512, **model},
         "resources": {"device": "cpu", "threads": 1},
         "logging": {"level": "info", "format": "json"},
+        **(sections or {}),
     }  # fmt: skip
     tmp.mkdir(parents=True, exist_ok=True)
     config_path = tmp / f"engine-{port}.yaml"
@@ -204,10 +211,15 @@ def wait_ready(server: ServerProcess) -> ServerProcess:
 
 
 def start_server(
-    tmp: Path, checkpoint: Path, service: dict[str, Any] | None = None, **model: Any
+    tmp: Path,
+    checkpoint: Path,
+    service: dict[str, Any] | None = None,
+    *,
+    sections: dict[str, Any] | None = None,
+    **model: Any,
 ) -> ServerProcess:
     """Launch a server and wait until it is ready."""
-    return wait_ready(launch_server(tmp, checkpoint, service, **model))
+    return wait_ready(launch_server(tmp, checkpoint, service, sections=sections, **model))
 
 
 @pytest.fixture(scope="session")
