@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from protocol.vocabulary import CreatableRole
+from protocol.vocabulary import ROLLOUT_SUBCOMMANDS, CreatableRole
 from protocol.wire import (
     NAME_PATTERN,
     VERSION_PATTERN,
@@ -185,6 +185,16 @@ class DeploymentCreate(ApiModel):
     engine_config: dict[str, Any] = Field(default_factory=dict)
 
     _engine_config = field_validator("engine_config")(_check_engine_config)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_rollout_subcommand(cls, value: str) -> str:
+        if value in ROLLOUT_SUBCOMMANDS:
+            raise ValueError(
+                f"{value!r} is a `dctl rollout` subcommand ({', '.join(ROLLOUT_SUBCOMMANDS)}); "
+                "choose another deployment name"
+            )
+        return value
 
 
 class DeploymentUpdate(ApiModel):

@@ -30,3 +30,8 @@ CreatableRole = Literal["viewer", "operator", "admin", "bootstrap", "gateway", "
 
 # The line a model version belongs to: a base model, its block-diffusion conversion, a fine-tune.
 VersionLine = Literal["base", "diffusion", "finetune"]
+
+
+# `dctl rollout DEPLOYMENT` shares its first argument with these subcommands, so a deployment
+# may not be named like one of them (`dctl rollout status` must never mean a deployment).
+ROLLOUT_SUBCOMMANDS = ("status", "promote", "abort", "pause", "resume", "history")

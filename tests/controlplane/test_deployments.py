@@ -99,6 +99,16 @@ def test_hosts_without_gpus_reported_take_instances_without_indices(api: Api) ->
     assert api.heartbeat(agent).status_code == 200
 
 
+def test_names_of_rollout_subcommands_are_refused(api: Api) -> None:
+    register_version(api)
+    gpu_host(api)
+    for name in ("status", "history", "abort"):
+        response = deploy(api, name, ["gpu-1"])
+        assert response.status_code == 422
+        assert f"'{name}' is a `dctl rollout` subcommand" in response.json()["message"]
+    assert deploy(api, "status-page", ["gpu-1"]).status_code == 201
+
+
 def test_engine_config_is_validated_naming_the_key_and_stored_normalised(api: Api) -> None:
     register_version(api)
     gpu_host(api)
