@@ -14,6 +14,13 @@ ratios. On a shared machine wall clock depends on the neighbours, so it also rep
 CPU-second of this process (`time.process_time`), which other processes barely move.
 Goals (bf16): ours >= 3x transformers at batch 1; at batch 16 >= 8x transformers in aggregate
 and >= 1.5x our own batch 1.
+
+The trained demo model (`engine/demo_model`, `--trained-only` runs just this part) shows what
+threshold mode does with a model that is confident: its shipped chat prompts, up to 64 new
+tokens, block 16, thresholds 0.9 and 0.8 at batch 1 (median over prompts run one at a time) and
+batch 16 (aggregate), tokens per denoising forward printed, against transformers' greedy AR at
+batch 1 in its faster dtype on the same weights (same prompts, as many new tokens as ours made
+for that prompt, so both sides do the same work).
 """
 
 from __future__ import annotations
@@ -140,11 +147,102 @@ def run_dtype(path: Path, name: str, dtype: torch.dtype, args: argparse.Namespac
     )
 
 
+DEMO = Path(__file__).resolve().parents[1] / "engine" / "demo_model"
+
+
+def demo_prompts(llm: Any, n: int) -> list[list[int]]:
+    """The demo model's shipped prompts as chat token ids (thinking off), the first n."""
+    lines = [x for x in (DEMO / "prompts.txt").read_text(encoding="utf-8").splitlines() if x]
+    return [
+        llm.tokenizer.encode_chat([{"role": "user", "content": x}], enable_thinking=False)
+        for x in lines[:n]
+    ]
+
+
+def hf_rate_per_prompt(model: Any, batch: list[list[int]], lengths: list[int]) -> float:
+    """Median tokens/s of transformers' greedy generate, one prompt at a time, each run to
+    the length ours produced for it."""
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    rates = []
+    with torch.no_grad():
+        model.generate(torch.tensor([batch[0]]), max_new_tokens=4, min_new_tokens=4, **kwargs)
+        for prompt, new in zip(batch, lengths, strict=True):
+            _, wall, _ = timed(
+                lambda p=prompt, n=new: model.generate(
+                    torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, **kwargs
+                )
+            )
+            rates.append(new / wall)
+    return statistics.median(rates)
+
+
+def reference_model(dtype: torch.dtype) -> Any:
+    """transformers' Qwen3-MoE on the demo model's weights (its config says `sdar_moe`, which
+    transformers does not know; the layout is Qwen3-MoE's)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    fields = json.loads((DEMO / "config.json").read_text())
+    for key in ("model_type", "architectures", "mask_token_id", "block_size"):
+        fields.pop(key)
+    config = Qwen3MoeConfig(**fields)
+    return Qwen3MoeForCausalLM.from_pretrained(DEMO, config=config, dtype=dtype).eval()
+
+
+def run_trained(args: argparse.Namespace) -> None:
+    """Threshold mode on the trained demo model vs transformers' best dtype."""
+    from engine import LLM, SamplingParams
+
+    new, singles, batch_n = (16, 2, 2) if args.smoke else (64, 8, 16)
+    fast = "fp32"  # no native bf16 on CPUs without AVX512-BF16: fp32 is the faster for both
+    llm = LLM(DEMO, dtype=fast, max_batch_size=batch_n, max_seq_len=512)
+    batch = demo_prompts(llm, batch_n)
+    print(f"[trained] demo model, {fast}, block 16, up to {new} new tokens, chat prompts")
+    hf_models = {
+        name: reference_model(dtype)
+        for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    }
+    for threshold in (0.9, 0.8):
+        params = SamplingParams(max_tokens=new, block_size=16, threshold=threshold)
+        llm.generate(batch[:1], SamplingParams(max_tokens=8, block_size=16))  # warm-up
+        one_rates, lengths, tokens, steps = [], [], 0, 0
+        for prompt in batch[:singles]:
+            (out,), wall, _ = timed(lambda p=prompt, q=params: llm.generate([p], q))
+            lengths.append(len(out.token_ids))
+            one_rates.append(len(out.token_ids) / wall)
+            tokens += len(out.token_ids)
+            steps += sum(out.stats.steps_per_block)
+        ours_one = statistics.median(one_rates)
+        outs, wall, _ = timed(lambda q=params: llm.generate(batch, q))
+        many = sum(len(o.token_ids) for o in outs) / wall
+        many_tpf = sum(len(o.token_ids) for o in outs) / sum(
+            sum(o.stats.steps_per_block) for o in outs
+        )
+        hf = {n: hf_rate_per_prompt(m, batch[:singles], lengths) for n, m in hf_models.items()}
+        best = max(hf, key=lambda n: hf[n])
+        print(
+            "[trained] transformers greedy AR, batch 1: "
+            + ", ".join(f"{n} {r:.1f} tokens/s" for n, r in hf.items())
+            + f" (best: {best})"
+        )
+        print(
+            f"[trained] ours threshold={threshold}, batch 1: {ours_one:.1f} tokens/s, "
+            f"{tokens / steps:.2f} tokens per denoising forward | "
+            f"{ours_one / hf[best]:.2f}x transformers' best"
+            + (" (goal >= 2x)" if threshold == 0.9 else "")
+        )
+        print(
+            f"[trained] ours threshold={threshold}, batch {batch_n}: {many:.1f} tokens/s "
+            f"aggregate, {many_tpf:.2f} tokens per denoising forward | "
+            f"{many / hf[best]:.2f}x transformers' best batch 1"
+        )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, for the tests")
     parser.add_argument("--threads", type=int, default=None, help="default 2 (smoke: 1)")
     parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--trained-only", action="store_true", help="only the demo-model part")
     args = parser.parse_args(argv)
     if args.threads is None:
         # The smoke run only proves the script works; one thread keeps it quick on a busy box.
@@ -164,10 +262,12 @@ def main(argv: list[str] | None = None) -> None:
     # Wall-clock figures on a shared machine depend on what else runs; say how busy it was.
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    with tempfile.TemporaryDirectory() as tmp:
-        build_checkpoint(config, Path(tmp))
-        for name in args.dtypes.split(","):
-            run_dtype(Path(tmp), name, dtypes[name], args)
+    if not args.trained_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_checkpoint(config, Path(tmp))
+            for name in args.dtypes.split(","):
+                run_dtype(Path(tmp), name, dtypes[name], args)
+    run_trained(args)
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 

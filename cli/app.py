@@ -20,6 +20,7 @@ from cli import (
     cmd_model,
     cmd_rollout,
     cmd_server,
+    cmd_tune,
     cmd_ui,
     cmd_up,
 )
@@ -61,6 +62,7 @@ for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_de
     module.register(app)
 cmd_fleet.register(app)
 cmd_up.register(app)
+cmd_tune.register(app)
 cmd_ui.register(app)
 
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from cli.exits import fail
+from cli.exits import USAGE, fail
 from cli.output import (
     JSON_OPTION,
     Column,
@@ -211,17 +211,41 @@ def model_deprecate(ref: str = typer.Argument(..., metavar="NAME:VERSION")) -> N
 @model_app.command("create-demo")
 def model_create_demo(
     directory: str = typer.Argument(..., help="New (or empty) directory to write."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random weights."),
-    size: str = typer.Option("tiny", "--size", help="tiny (tests) or small (README demo)."),
+    seed: int = typer.Option(
+        0,
+        "--seed",
+        help="Trained model: recorded in generation_config.json, so each seed is its own "
+        "snapshot digest with the same weights. --random: the seed of the weights.",
+    ),
+    random_weights: bool = typer.Option(
+        False, "--random", help="Random weights instead of the trained model (fast, for tests)."
+    ),
+    size: str | None = typer.Option(
+        None, "--size", help="With --random: tiny (tests, the default) or small."
+    ),
 ) -> None:
-    """Write a deterministic demo checkpoint (random weights, real tokenizer) into DIRECTORY."""
+    """Write a demo checkpoint into DIRECTORY: the small trained model (default) or, with
+    --random, a deterministic random-weight one."""
+    if not random_weights:
+        if size is not None:
+            fail("--size applies to random checkpoints only: add --random", USAGE)
+        from engine.errors import CheckpointError
+        from engine.trained_demo import install_trained_demo
+
+        try:
+            path = install_trained_demo(directory, seed=seed)
+        except (ValueError, CheckpointError) as exc:
+            fail(str(exc))
+        print(f"trained demo model (seed {seed}) written to {path}")
+        return
     from engine.demo_checkpoint import create_demo_checkpoint
 
+    size = size or "tiny"
     try:
         path = create_demo_checkpoint(directory, seed=seed, size=size)
     except ValueError as exc:
         fail(str(exc))
-    print(f"demo checkpoint ({size}, seed {seed}) written to {path}")
+    print(f"demo checkpoint ({size}, random weights, seed {seed}) written to {path}")
 
 
 def register(app: typer.Typer) -> None:

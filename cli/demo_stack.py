@@ -83,13 +83,13 @@ class DemoStack:
         self,
         data_dir: Path,
         port: int,
-        size: str = "small",
+        size: str | None = None,
         timeout_s: float = 600.0,
         say: Callable[[str], None] = print,
     ) -> None:
         self.data_dir = data_dir
         self.port = port
-        self.size = size
+        self.size = size  # None: the trained demo model; tiny | small: random weights
         self.timeout_s = timeout_s
         self.say = say
         self.url = f"http://127.0.0.1:{port}"
@@ -283,12 +283,13 @@ class DemoStack:
         cli_env = {**env, "DCTL_URL": self.url, "DCTL_TOKEN": token}
         checkpoint = self.data_dir / "checkpoints" / "demo"
         if not (checkpoint / "config.json").is_file():
-            self.say(f"creating the {self.size} demo checkpoint in {checkpoint}")
-            self._run(
-                self._dctl("model", "create-demo", str(checkpoint), "--size", self.size),
-                cli_env,
-                "creating the demo checkpoint",
-            )
+            create = self._dctl("model", "create-demo", str(checkpoint))
+            if self.size is None:
+                self.say(f"creating the trained demo model in {checkpoint}")
+            else:
+                self.say(f"creating the {self.size} random-weight demo checkpoint in {checkpoint}")
+                create += ["--random", "--size", self.size]
+            self._run(create, cli_env, "creating the demo checkpoint")
         self.say(f"registering {MODEL}:{VERSION}")
         self._run(
             self._dctl("model", "register", f"{MODEL}:{VERSION}", str(checkpoint)),
@@ -411,7 +412,7 @@ class DemoStack:
             log.close()
 
 
-def run_demo(data_dir: Path, port: int, size: str, timeout_s: float) -> int:
+def run_demo(data_dir: Path, port: int, size: str | None, timeout_s: float) -> int:
     """The `dctl up --demo` command: start, print what to do next, wait for Ctrl-C, stop."""
     stop = threading.Event()
     started = threading.Event()

@@ -193,7 +193,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     api, env = s.api, s.env
     for version, seed in (("v1", "0"), ("v2", "1")):
         path = home / f"ckpt-{version}"
-        s.dctl("model", "create-demo", str(path), "--seed", seed)
+        s.dctl("model", "create-demo", str(path), "--random", "--seed", seed)
         s.checkpoints[version] = path
     s.dctl("model", "register", "demo:v1", str(s.checkpoints["v1"]))
     bootstrap = api.create_token(TokenCreate(name="e2e-boot", role="bootstrap", uses=1)).secret

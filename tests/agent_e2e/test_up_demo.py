@@ -43,8 +43,9 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
     env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(config), XDG_DATA_HOME=str(tmp_path))
     port = free_port()
     up = subprocess.Popen(
+        # No --size: the trained demo model, as a user gets it.
         [sys.executable, "-m", "cli", "up", "--demo", "--data-dir", str(data_dir),
-         "--port", str(port), "--size", "tiny"],
+         "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
     lines: list[str] = []
@@ -57,6 +58,7 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
             assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.5)
         output = "".join(lines)
+        assert "creating the trained demo model" in output
         match = re.search(r"^OpenAI base URL: (http://127\.0\.0\.1:\d+/v1)$", output, re.M)
         assert match, output
         base_url = match.group(1)

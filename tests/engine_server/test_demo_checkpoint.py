@@ -1,4 +1,4 @@
-"""`dctl model create-demo`: a real, deterministic checkpoint directory."""
+"""`dctl model create-demo --random`: a real, deterministic random-weight checkpoint directory."""
 
 from __future__ import annotations
 
@@ -86,11 +86,11 @@ def test_chat_template_has_a_thinking_switch(demo_checkpoint: Path) -> None:
 def test_cli_writes_it_and_refuses_a_non_empty_directory(
     tmp_path: Path, demo_checkpoint: Path
 ) -> None:
-    dctl = [sys.executable, "-m", "cli", "model", "create-demo"]
+    dctl = [sys.executable, "-m", "cli", "model", "create-demo", "--random"]
     target = tmp_path / "cli"
     ok = subprocess.run([*dctl, str(target)], capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stderr
-    assert digests(target) == digests(demo_checkpoint)
+    assert digests(target) == digests(demo_checkpoint)  # --size defaults to tiny
     again = subprocess.run([*dctl, str(target)], capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 1
     assert "not empty" in again.stderr

@@ -99,7 +99,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         for version, seed in (("v1", "0"), ("v2", "1")):
             path = home / f"ckpt-{version}"
-            stack.dctl("model", "create-demo", str(path), "--seed", seed)
+            stack.dctl("model", "create-demo", str(path), "--random", "--seed", seed)
             stack.dctl("model", "register", f"demo:{version}", str(path))
         boot_token = api.create_token(TokenCreate(name="gw-boot", role="bootstrap", uses=1))
         stack.env = {**env, "DCTL_BOOTSTRAP_TOKEN": boot_token.secret}

@@ -346,8 +346,8 @@ def test_an_agent_registers_heartbeats_and_serves_engines_over_https(
     cli_env = {**env, "DCTL_URL": tls_server.url, "DCTL_TOKEN": tls_server.token,
                "DCTL_CA_FILE": str(pki.ca)}  # fmt: skip
     checkpoint = home / "ckpt"
-    subprocess.run([*DCTL, "model", "create-demo", str(checkpoint)], env=cli_env, check=True,
-                   capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run([*DCTL, "model", "create-demo", str(checkpoint), "--random"], env=cli_env,
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
     subprocess.run([*DCTL, "model", "register", "demo:v1", str(checkpoint)], env=cli_env,
                    check=True, capture_output=True, timeout=120)  # fmt: skip
     api = ControlPlaneClient(tls_server.url, tls_server.token, ca_file=pki.ca)
