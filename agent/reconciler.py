@@ -80,7 +80,7 @@ class Reconciler:
             self.supervisor.stop(instance_id, remove=True)
         for instance_id in [i for i in self._waiting if i not in wanted]:
             del self._waiting[instance_id]
-        in_use = {d.model.digest for d in reply.instances}
+        in_use = {d.model.digest for d in reply.instances} | set(reply.keep_digests)
         for instance_id in self.supervisor.instance_ids():
             running = self.supervisor.spec_of(instance_id)
             if running is not None:

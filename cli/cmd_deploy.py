@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -12,7 +12,10 @@ from cli.columns import DEPLOYMENT_INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
 from cli.options import label_option
 from cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
-from cli.remote import connect, split_name_version, validated
+from cli.remote import connect, describe, split_name_version, validated
+
+if TYPE_CHECKING:
+    from protocol.rollout_policy import RolloutPolicy
 
 deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", no_args_is_help=True)
 
@@ -38,6 +41,12 @@ def _placement(deployment: Mapping[str, Any]) -> str:
 def _canary(deployment: Mapping[str, Any]) -> str:
     version = deployment.get("canary_version")
     return f"{version} at {deployment.get('canary_weight', 0)}%" if version else "-"
+
+
+def _policy(deployment: Mapping[str, Any]) -> dict[str, Any] | str:
+    # Only what the deployment sets: the rest comes from the defaults at each rollout.
+    own = {k: v for k, v in (deployment.get("rollout_policy") or {}).items() if v is not None}
+    return own or "defaults"
 
 
 def _ms(key: str) -> Callable[[Mapping[str, Any]], str | None]:
@@ -88,21 +97,45 @@ DEPLOYMENT_COLUMNS: list[Column] = [
 ]
 
 
-def read_engine_config(path: Path) -> dict[str, Any]:
-    """Read an engine-config file (YAML or JSON); errors name the file and what is wrong."""
+def read_mapping(path: Path, flag: str) -> dict[str, Any]:
+    """Read a YAML or JSON file holding a mapping; errors name FLAG, the file and what is wrong."""
     import yaml
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        fail(f"--engine-config {path}: cannot be read: {exc.strerror or exc}", USAGE)
+        fail(f"{flag} {path}: cannot be read: {exc.strerror or exc}", USAGE)
     except yaml.YAMLError as exc:
-        fail(f"--engine-config {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}", USAGE)
+        fail(f"{flag} {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}", USAGE)
     if data is None:
         return {}
     if not isinstance(data, dict):
-        fail(f"--engine-config {path}: must hold a mapping of settings, not a list or value", USAGE)
+        fail(f"{flag} {path}: must hold a mapping of settings, not a list or value", USAGE)
     return data
+
+
+def read_engine_config(path: Path) -> dict[str, Any]:
+    """Read an engine-config file (YAML or JSON); errors name the file and what is wrong."""
+    return read_mapping(path, "--engine-config")
+
+
+def read_rollout_policy(path: Path) -> RolloutPolicy:
+    """Read a rollout-policy file: a mapping of `RolloutPolicy` fields; an unknown key or a bad
+    value is a usage error naming the file and the key."""
+    from pydantic import ValidationError
+
+    from protocol.rollout_policy import RolloutPolicy
+
+    data = read_mapping(path, "--rollout-policy")
+    try:
+        return RolloutPolicy.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(RolloutPolicy.model_fields)
+            key = ".".join(str(p) for p in err["loc"])
+            fail(f"--rollout-policy {path}: unknown key {key!r}; the keys are {known}", USAGE)
+        fail(f"--rollout-policy {path}: {describe(exc)}", USAGE)
 
 
 def _split_hosts(hosts: list[str]) -> list[str]:
@@ -175,6 +208,7 @@ def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
         *DEPLOYMENT_COLUMNS,
         ("created", "created_at"),
         ("engine config", "engine_config"),
+        ("rollout policy", _policy),
     ]
     emit(found, as_json=False, fields=fields)
     print()
@@ -233,19 +267,32 @@ def deploy_configure(
     gpus_per_instance: int | None = typer.Option(
         None, "--gpus-per-instance", min=0, help=GPUS_HELP
     ),
+    rollout_policy: Path | None = typer.Option(
+        None,
+        "--rollout-policy",
+        help="YAML or JSON file: the deployment's rollout thresholds (replaces the old ones).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Replace the engine config and/or GPUs per instance of deployment NAME (operator).
+    """Replace the engine config, GPUs per instance and/or rollout policy of deployment NAME
+    (operator).
 
-    Its instances restart with them.
+    Its instances restart with a new engine config or GPU count.
     """
     from protocol.rest import DeploymentUpdate
 
-    if engine_config is None and gpus_per_instance is None:
-        fail("say what to change: --engine-config FILE and/or --gpus-per-instance N", USAGE)
+    if engine_config is None and gpus_per_instance is None and rollout_policy is None:
+        fail(
+            "say what to change: --engine-config FILE, --gpus-per-instance N "
+            "and/or --rollout-policy FILE",
+            USAGE,
+        )
     config = read_engine_config(engine_config) if engine_config is not None else None
+    policy = read_rollout_policy(rollout_policy) if rollout_policy is not None else None
     change = validated(
-        lambda: DeploymentUpdate(engine_config=config, gpus_per_instance=gpus_per_instance)
+        lambda: DeploymentUpdate(
+            engine_config=config, gpus_per_instance=gpus_per_instance, rollout_policy=policy
+        )
     )
     with connect() as api:
         updated = plain(api.update_deployment(name, change))
@@ -257,6 +304,8 @@ def deploy_configure(
         changed.append("engine config updated")
     if gpus_per_instance is not None:
         changed.append(f"{gpus_per_instance or 'all'} GPU(s) per instance")
+    if policy is not None:
+        changed.append("rollout policy updated")
     print(f"deployment {name}: {', '.join(changed)}")
 
 

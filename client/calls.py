@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter
@@ -37,6 +37,13 @@ from protocol.rest import (
     TokenCreated,
     TokenOut,
     VersionOut,
+)
+from protocol.rollouts import (
+    RestartCreate,
+    RollbackCreate,
+    RolloutAction,
+    RolloutCreate,
+    RolloutOut,
 )
 from protocol.wire import Manifest, MemoryPlan, VersionLine
 
@@ -269,6 +276,54 @@ def deployment_traffic(
     params = {"since": since, "until": until, "step_s": step_s}
     path = f"{API}/deployments/{segment(name)}/traffic"
     return Call("GET", path, one(DeploymentTraffic), params)
+
+
+# Rollouts, rollbacks and restarts ------------------------------------------------------------
+
+RolloutVerb = Literal["promote", "abort", "pause", "resume"]
+
+
+def _deployment(name: str) -> str:
+    return f"{API}/deployments/{segment(name)}"
+
+
+def start_rollout(name: str, spec: RolloutCreate) -> Call[RolloutOut]:
+    """Start a canary rollout of deployment NAME; a 409 while one is active (operator)."""
+    body = spec.model_dump(mode="json")
+    return Call("POST", f"{_deployment(name)}/rollout", one(RolloutOut), json=body)
+
+
+def get_rollout(name: str) -> Call[RolloutOut]:
+    """Deployment NAME's active rollout, else its latest; a 404 when it never had one."""
+    return Call("GET", f"{_deployment(name)}/rollout", one(RolloutOut))
+
+
+def rollout_by_id(name: str, rollout_id: int) -> Call[RolloutOut]:
+    """One rollout, rollback or restart of deployment NAME, in any state."""
+    return Call("GET", f"{_deployment(name)}/rollouts/{rollout_id}", one(RolloutOut))
+
+
+def rollout_history(name: str, limit: int | None = None) -> Call[list[RolloutOut]]:
+    """Deployment NAME's rollouts, rollbacks and restarts, newest first."""
+    return Call("GET", f"{_deployment(name)}/rollouts", many(RolloutOut), {"limit": limit})
+
+
+def rollout_action(name: str, action: RolloutVerb, body: RolloutAction) -> Call[RolloutOut]:
+    """Promote, abort, pause or resume deployment NAME's active rollout (operator)."""
+    path = f"{_deployment(name)}/rollout/{action}"
+    return Call("POST", path, one(RolloutOut), json=body.model_dump(mode="json"))
+
+
+def rollback(name: str, spec: RollbackCreate) -> Call[RolloutOut]:
+    """Move deployment NAME back to an earlier version its hosts still hold (operator)."""
+    body = spec.model_dump(mode="json")
+    return Call("POST", f"{_deployment(name)}/rollback", one(RolloutOut), json=body)
+
+
+def restart(name: str, spec: RestartCreate) -> Call[RolloutOut]:
+    """Restart deployment NAME's engine instances one at a time, or those SPEC names (operator)."""
+    body = spec.model_dump(mode="json")
+    return Call("POST", f"{_deployment(name)}/restart", one(RolloutOut), json=body)
 
 
 # Gateways -------------------------------------------------------------------------------------

@@ -12,7 +12,17 @@ from typing import Any
 from fastapi import FastAPI
 from sqlalchemy.engine import Engine
 
-from controlplane.api import agents, deployments, events, gateway, health, hosts, models, tokens
+from controlplane.api import (
+    agents,
+    deployments,
+    events,
+    gateway,
+    health,
+    hosts,
+    models,
+    rollouts,
+    tokens,
+)
 from controlplane.api.body_limit import RequestBodyLimit
 from controlplane.api.deps import AppContext
 from controlplane.api.errors import install_error_handlers
@@ -25,11 +35,12 @@ from controlplane.hosthealth import HostHealthController, HostHealthMonitor
 from controlplane.lease import DatabaseLease, new_holder_id
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.model_files import ModelFiles
+from controlplane.rollouts.controller import RolloutController
 from controlplane.settings import ControlPlaneSettings
 from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 # Agents first: the heartbeat route is matched most often.
-ROUTERS = (agents, gateway, hosts, models, deployments, events, tokens, health)
+ROUTERS = (agents, gateway, hosts, models, deployments, rollouts, events, tokens, health)
 
 
 def utc_now() -> datetime:
@@ -75,7 +86,10 @@ def create_app(
     lease = DatabaseLease(
         engine, CONTROLLERS_LEASE, new_holder_id(), timedelta(seconds=settings.lease_s)
     )
-    controllers = ControllerLoop(lease, [HostHealthController(ctx.health)], clock)
+    rollout_controller = RolloutController(engine)
+    controllers = ControllerLoop(
+        lease, [HostHealthController(ctx.health), rollout_controller], clock
+    )
     metrics.registry.register(LeaderCollector(controllers))
 
     @asynccontextmanager
@@ -91,6 +105,7 @@ def create_app(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             ctx.heartbeats.close()
+            rollout_controller.notifier.close()
             if owns_engine:
                 engine.dispose()
 

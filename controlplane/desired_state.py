@@ -6,11 +6,13 @@ carries the engines' API keys.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlmodel import col
 
-from controlplane.models import Deployment, Instance, Model
+from controlplane.models import ACTIVE_ROLLOUT_STATES, Deployment, Instance, Model, Rollout
 from controlplane.models import ModelVersion as VersionRow
 from protocol.sources import local_source_dir
 from protocol.wire import DesiredInstance, Manifest, MemoryPlan, ModelVersionRef
@@ -35,6 +37,8 @@ def desired_instances(
             col(Instance.desired_state),
             col(Instance.gpu_indices),
             col(Instance.api_key),
+            col(Instance.deployment_id),
+            col(Instance.version_id),
             col(Deployment.name).label("deployment"),
             col(Deployment.engine_config),
             col(Model.name).label("model"),
@@ -52,6 +56,7 @@ def desired_instances(
         .order_by(col(Instance.id))
     ).all()
     bind_address = advertise_address or DEFAULT_BIND_ADDRESS
+    canary_configs = _canary_configs(conn, {r.deployment_id for r in rows})
     desired = []
     for r in rows:
         files_url = None
@@ -62,7 +67,8 @@ def desired_instances(
                 instance_id=r.id,
                 deployment=r.deployment,
                 port=r.port,
-                engine_config=r.engine_config,
+                # A rollout's canary runs its own engine config, stable the deployment's.
+                engine_config=canary_configs.get((r.deployment_id, r.version_id), r.engine_config),
                 desired_state=r.desired_state,
                 gpu_indices=r.gpu_indices or [],
                 bind_address=bind_address,
@@ -81,3 +87,50 @@ def desired_instances(
             )
         )
     return desired
+
+
+def _canary_configs(
+    conn: Connection, deployment_ids: set[int]
+) -> dict[tuple[int, int], dict[str, Any]]:
+    """(deployment id, canary version id) -> engine config, for the active rollouts among
+    DEPLOYMENT_IDS that bring an engine config of their own."""
+    if not deployment_ids:
+        return {}
+    rows = conn.execute(
+        select(col(Rollout.deployment_id), col(Rollout.to_version_id), col(Rollout.engine_config))
+        .where(
+            col(Rollout.deployment_id).in_(deployment_ids),
+            col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
+            col(Rollout.kind) != "restart",
+        )
+        .order_by(col(Rollout.id))
+    ).all()
+    # JSON columns store None as JSON null, so the filter is here rather than in SQL.
+    return {(r[0], r[1]): r[2] for r in rows if r[2] is not None}
+
+
+def keep_digests(conn: Connection, host_id: int) -> list[str]:
+    """Digests host `host_id` must keep: of each deployment with an instance there, the stable
+    version, the rollback target and an active rollout's version (so a rollback or an abort
+    finds its snapshot on the host, with nothing to download)."""
+    deployments = select(col(Instance.deployment_id)).where(col(Instance.host_id) == host_id)
+    rows = conn.execute(
+        select(col(Deployment.stable_version_id), col(Deployment.rollback_version_id)).where(
+            col(Deployment.id).in_(deployments)
+        )
+    ).all()
+    ids = {v for row in rows for v in row if v is not None}
+    ids |= set(
+        conn.execute(
+            select(col(Rollout.to_version_id)).where(
+                col(Rollout.deployment_id).in_(deployments),
+                col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
+            )
+        ).scalars()
+    )
+    if not ids:
+        return []
+    digests = conn.execute(
+        select(col(VersionRow.digest)).where(col(VersionRow.id).in_(ids))
+    ).scalars()
+    return sorted(set(digests))

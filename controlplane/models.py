@@ -133,6 +133,12 @@ class Deployment(SQLModel, table=True):
     instances_per_host: int = 1
     # GPUs each instance gets (disjoint indices on its host); None: all GPUs of the host.
     gpus_per_instance: int | None = None
+    # RolloutPolicy fields this deployment sets (the rest are the built-in defaults).
+    rollout_policy: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+    # What `dctl rollback` returns to: the stable pair before the last promotion (no foreign
+    # key: see migration 0004; a version deleted since is reported at rollback).
+    rollback_version_id: int | None = None
+    rollback_engine_config: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     created_at: datetime = Field(sa_column=utc_column(False))
     updated_at: datetime = Field(sa_column=utc_column(False))
 
@@ -164,10 +170,17 @@ class Instance(SQLModel, table=True):
 
 
 class Rollout(SQLModel, table=True):
-    """A canary rollout of a deployment to a new version: `canary_instances` of its instances run
-    `to_version_id` and get `canary_weight` percent of the gateway's requests while the rollout
-    is active (`ACTIVE_ROLLOUT_STATES`). `controlplane.services.canary` writes it (by hand today,
-    for the rollout controller later); at most one is active per deployment."""
+    """A change of what a deployment runs, of one `kind`:
+
+    - `rollout`: a canary of `to_version_id` (with `engine_config`, if set) on `canary_instances`
+      of its instances, getting `canary_weight` percent of the gateway's requests, through the
+      plan in `steps`, analysed at each step (`controlplane.rollouts`), then promoted;
+    - `rollback`: the same mechanics without analysis, to a version the hosts still hold;
+    - `restart`: the deployment's engines replaced one at a time (`spec` holds the queue).
+
+    At most one is active (`ACTIVE_ROLLOUT_STATES`) per deployment; a manual canary
+    (`controlplane.services.canary`) is a `rollout` without a timed plan.
+    """
 
     id: int | None = Field(default=None, primary_key=True)
     deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE"))
@@ -180,11 +193,24 @@ class Rollout(SQLModel, table=True):
     steps: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     analysis: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     message: str = Field(default="", max_length=1000)
+    kind: str = Field(default="rollout", max_length=16)
+    # Settings fixed at creation (resolved policy, surge, restart queue) and progress.
+    spec: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+    engine_config: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    phase: str = Field(default="waiting", max_length=16)
+    # When the current step's clock started (its canary became ready); None: not yet.
+    step_started_at: datetime | None = Field(default=None, sa_column=utc_column())
+    # Time left in the step when it was paused.
+    paused_left_s: float | None = None
+    failures: int = 0  # consecutive failed analyses
+    actor: str = Field(default="", max_length=128)
+    # The controller's last round on it: a gap (no leader) is added to the step's clock.
+    ticked_at: datetime | None = Field(default=None, sa_column=utc_column())
     created_at: datetime = Field(sa_column=utc_column(False))
     updated_at: datetime = Field(sa_column=utc_column(False))
 
 
-ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back")
+ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back", "completed")
 # States in which a rollout's canary runs and takes traffic.
 ACTIVE_ROLLOUT_STATES = ("progressing", "paused")
 

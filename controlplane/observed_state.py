@@ -113,6 +113,7 @@ class HostMemory:
     # part holds with any number of replicas).
     desired_generation: int = -1
     desired_json: bytes = b"[]"
+    keep_digests: list[str] = field(default_factory=list)
     # Heartbeats of one host are handled one at a time here (the database would queue them on
     # the host row anyway); this keeps the fields above consistent with each other.
     lock: threading.Lock = field(default_factory=threading.Lock)

@@ -7,8 +7,10 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from protocol.api_model import ApiModel
+from protocol.rollout_policy import RolloutPolicy
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS, CreatableRole
 from protocol.wire import (
     NAME_PATTERN,
@@ -26,12 +28,6 @@ from protocol.wire import (
 MAX_INSTANCES_PER_HOST = 16
 MAX_GPUS_PER_INSTANCE = 64
 MAX_ENGINE_CONFIG_BYTES = 64 * 1024
-
-
-class ApiModel(BaseModel):
-    """Base of API bodies: unknown request fields are an error, so typos do not pass silently."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 class ErrorBody(ApiModel):
@@ -207,6 +203,9 @@ class DeploymentUpdate(ApiModel):
     engine_config: dict[str, Any] | None = None
     version: VersionTag | None = Field(default=None, description="switch the stable version")
     placement: Placement | None = None
+    rollout_policy: RolloutPolicy | None = Field(
+        default=None, description="the deployment's rollout thresholds (replaces the old ones)"
+    )
 
     _engine_config = field_validator("engine_config")(
         lambda v: None if v is None else _check_engine_config(v)
@@ -229,6 +228,9 @@ class DeploymentOut(ApiModel):
     instances: list[InstanceOut]
     canary_version: str | None = Field(default=None, description="VERSION of an active canary")
     canary_weight: int = Field(default=0, description="percent of gateway requests to it")
+    rollout_policy: RolloutPolicy = Field(
+        default_factory=lambda: RolloutPolicy(), description="the deployment's own thresholds"
+    )
 
 
 # --- events ------------------------------------------------------------------------------------

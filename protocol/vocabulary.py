@@ -34,4 +34,4 @@ VersionLine = Literal["base", "diffusion", "finetune"]
 
 # `dctl rollout DEPLOYMENT` shares its first argument with these subcommands, so a deployment
 # may not be named like one of them (`dctl rollout status` must never mean a deployment).
-ROLLOUT_SUBCOMMANDS = ("status", "promote", "abort", "pause", "resume", "history")
+ROLLOUT_SUBCOMMANDS = ("start", "status", "promote", "abort", "pause", "resume", "history")

@@ -375,6 +375,9 @@ class HeartbeatReply(WireModel):
     heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S
     server_time: datetime
     instances: list[DesiredInstance] = Field(default_factory=list)
+    # Snapshots the agent must not prune even when no instance runs them now: the stable
+    # versions, rollback targets and canaries of the deployments on this host.
+    keep_digests: list[str] = Field(default_factory=list, max_length=1024)
 
 
 RegisterRequest.model_rebuild()

@@ -20,6 +20,7 @@ from protocol.rest import (
     TokenOut,
     VersionOut,
 )
+from protocol.rollout_policy import RolloutPolicy
 from protocol.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
 
 
@@ -185,6 +186,7 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
             instances=instances.get(d.name, []),
             canary_version=canaries.get(d.id or 0, (None, 0))[0],
             canary_weight=canaries.get(d.id or 0, (None, 0))[1],
+            rollout_policy=RolloutPolicy.model_validate(d.rollout_policy),
         )
         for d in deployments
     ]

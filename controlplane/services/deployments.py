@@ -98,6 +98,10 @@ def update_deployment(
             )
         deployment.stable_version_id = version.id
         changes["version"] = change.version
+    if change.rollout_policy is not None:
+        # Only what the file sets: the built-in defaults fill the rest at each rollout.
+        deployment.rollout_policy = change.rollout_policy.model_dump(exclude_none=True)
+        changes["rollout_policy"] = deployment.rollout_policy
     if change.placement is not None:
         _check_placement(session, change.placement)
         deployment.placement_hosts = list(change.placement.hosts)
@@ -106,7 +110,7 @@ def update_deployment(
     if not changes:
         raise Invalid(
             "nothing to update: give instances_per_host, gpus_per_instance, engine_config, "
-            "version or placement"
+            "version, placement or rollout_policy"
         )
     deployment.updated_at = now
     session.add(deployment)

@@ -249,9 +249,12 @@ def load_instances(session: Session) -> list[InstanceView]:
 def active_rollouts(
     session: Session, deployment_ids: Collection[int] | None = None
 ) -> dict[int, Rollout]:
-    """The active rollout of each deployment that has one (of DEPLOYMENT_IDS; None: all), by
-    deployment id (one query). Should two ever be active, the newest counts."""
-    query = select(Rollout).where(col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES))
+    """The active canary-bearing rollout (a rollout or rollback, not a restart) of each
+    deployment that has one (of DEPLOYMENT_IDS; None: all), by deployment id (one query).
+    Should two ever be active, the newest counts."""
+    query = select(Rollout).where(
+        col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES), col(Rollout.kind) != "restart"
+    )
     if deployment_ids is not None:
         query = query.where(col(Rollout.deployment_id).in_(set(deployment_ids)))
     rows = session.exec(query.order_by(col(Rollout.id))).all()

@@ -46,6 +46,7 @@ class FakeControlPlane:
         self.down = False
         self.refuse_token: str | None = None
         self.generation = 1
+        self.keep_digests: list[str] = []
 
     def register(self, request: RegisterRequest, bootstrap_token: str) -> RegisterResponse:
         if self.down:
@@ -66,6 +67,7 @@ class FakeControlPlane:
         return DesiredState(
             generation=self.generation, host_id=1, heartbeat_interval_s=1.0,
             server_time=datetime.now(UTC), instances=list(self.instances),
+            keep_digests=list(self.keep_digests),
         )  # fmt: skip
 
 
@@ -279,6 +281,28 @@ def test_an_instance_no_longer_desired_is_stopped(tmp_path: Path) -> None:
     rig.agent.heartbeat_once()
     rig.agent.supervisor.tick()
     assert proc.signals and rig.agent.supervisor.instance_ids() == []
+
+
+def test_snapshots_on_the_keep_list_outlive_pruning(tmp_path: Path) -> None:
+    # The control plane keeps a rollback target on the list: the host must still hold it when
+    # newer versions have pushed it out of the last-N window.
+    rig = Rig(tmp_path)
+    rig.agent.store.keep = 1
+    first = desired(checkpoint(tmp_path / "v1", 1))
+    rig.cp.instances = [first]
+    rig.settle()
+    rig.cp.keep_digests = [first.model.digest]
+    for seed in (2, 3):
+        rig.cp.instances = [desired(checkpoint(tmp_path / f"v{seed}", seed), version=f"v{seed}")]
+        rig.cp.generation += 1
+        rig.settle()
+    held = set(rig.agent.store.digests())
+    assert first.model.digest in held
+    assert len(held) == 2  # the kept one and the one running: v2 was pruned
+    rig.cp.keep_digests = []
+    rig.cp.generation += 1
+    rig.settle()
+    assert first.model.digest not in rig.agent.store.digests()
 
 
 def test_the_advertise_address_goes_with_registration_and_every_heartbeat(tmp_path: Path) -> None:

@@ -42,6 +42,13 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("PUT", f"{V}/deployments/{{name}}/canary"): OPERATE,
     ("DELETE", f"{V}/deployments/{{name}}/canary"): OPERATE,
     ("GET", f"{V}/deployments/{{name}}/traffic"): READ,
+    ("POST", f"{V}/deployments/{{name}}/rollout"): OPERATE,
+    ("GET", f"{V}/deployments/{{name}}/rollout"): READ,
+    ("POST", f"{V}/deployments/{{name}}/rollout/{{action}}"): OPERATE,
+    ("GET", f"{V}/deployments/{{name}}/rollouts"): READ,
+    ("GET", f"{V}/deployments/{{name}}/rollouts/{{rollout_id}}"): READ,
+    ("POST", f"{V}/deployments/{{name}}/rollback"): OPERATE,
+    ("POST", f"{V}/deployments/{{name}}/restart"): OPERATE,
     # Not even admins read the routing table: it holds every engine's API key.
     ("GET", f"{V}/routes"): GATEWAY,
     ("POST", f"{V}/traffic"): GATEWAY,
@@ -75,6 +82,10 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{V}/agents/register"): {"name": "gpu-9"},  # the agent's own: gpu-1 (below)
     ("POST", f"{V}/agents/heartbeat"): {},
     ("PUT", f"{V}/deployments/{{name}}/canary"): {"version": "v2", "weight": 10},
+    ("POST", f"{V}/deployments/{{name}}/rollout"): {"to": "v2", "canary": 10},
+    ("POST", f"{V}/deployments/{{name}}/rollout/{{action}}"): {"reason": "role test"},
+    ("POST", f"{V}/deployments/{{name}}/rollback"): {},
+    ("POST", f"{V}/deployments/{{name}}/restart"): {},
     ("POST", f"{V}/traffic"): {
         "gateway": "gw-1",
         "started_at": "2026-01-01T11:59:55Z",
@@ -86,7 +97,8 @@ BODIES: dict[tuple[str, str], Any] = {
 def concrete(template: str, token_ref: str) -> str:
     """Fill a route template with objects that exist."""
     path = template.replace("{version}", "v1").replace("{path}", "config.json")
-    path = path.replace("{ref}", token_ref)
+    path = path.replace("{ref}", token_ref).replace("{action}", "pause")
+    path = path.replace("{rollout_id}", "1")
     if "/hosts/" in path:
         return path.replace("{name}", "gpu-1")
     if "/deployments/" in path:

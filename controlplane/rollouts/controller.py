@@ -1,0 +1,438 @@
+"""The rollout controller: every round, moves each active rollout, rollback and restart on.
+
+A rollout of steps w1 < w2 < ... < 100, each held for the policy's interval:
+
+    waiting    canary_size(w_k) instances run the new pair; weight stays where it was until they
+               are ready, then becomes w_k and the step's clock starts
+    analysing  at the end of each interval: canary against stable over that interval
+               pass -> next step (or promoting after the last below 100)
+               inconclusive -> the step is extended by an interval
+               fail -> again, until `failure_limit` consecutive failures abort
+    promoting  every request to the canary pool; the remaining instances move to the new pair
+               one at a time (or all at once), each ready before the next; then the new pair is
+               stable, the old one the rollback target
+    ending     after an abort or a rollback by hand: the last notification, then done
+
+A rollback is a rollout that starts at `promoting`. A restart takes its instances one at a time:
+desired `stopped` until the agent reports it stopped, then `running` until it is ready again.
+
+Everything lives in the rollout row, so a control plane killed mid-step resumes where it was;
+the time without a leader is added to the step's clock (`ticked_at`), so the step keeps the time
+it had left.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import ACTIVE_ROLLOUT_STATES, Deployment, Instance, Rollout
+from controlplane.rollouts import transitions as tr
+from controlplane.rollouts.analysis import Interval, analyse, failing_reason
+from controlplane.rollouts.notify import Notice, Notifier, redacted
+from controlplane.samples import SAMPLE_BUCKET_S
+from controlplane.services.placement import bump_generation, replan_deployment
+from controlplane.services.traffic import deployment_traffic
+from protocol.gateway import VersionTraffic
+from protocol.wire import InstanceState
+
+log = logging.getLogger("controlplane.rollouts")
+
+ACTOR = "controller:rollouts"
+# Longer than this between two rounds means no leader ran: the gap does not count as step time.
+LEADERLESS_GAP = timedelta(seconds=3)
+STOPPED_STATES = {InstanceState.STOPPED.value, InstanceState.FAILED.value}
+
+
+class RolloutController:
+    """Runs every active rollout one round (`tick`); each in its own transaction."""
+
+    name = "rollouts"
+
+    def __init__(
+        self,
+        engine: Engine,
+        notifier: Notifier | None = None,
+        leaderless_gap: timedelta = LEADERLESS_GAP,
+    ) -> None:
+        self._engine = engine
+        self.leaderless_gap = leaderless_gap
+        self.notifier = notifier or Notifier(self._notice_failed)
+
+    def tick(self, now: datetime) -> None:
+        """One round over the rollouts that are active or still have an ending to record."""
+        with Session(self._engine) as session:
+            ids = session.exec(
+                select(Rollout.id).where(
+                    col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES) | (col(Rollout.phase) == "ending")
+                )
+            ).all()
+        for rollout_id in ids:
+            with Session(self._engine) as session:
+                rollout = session.exec(
+                    select(Rollout).where(Rollout.id == rollout_id).with_for_update()
+                ).first()
+                if rollout is None:
+                    continue
+                notices = self._advance(session, now, rollout)
+                session.commit()
+            for url, body in notices:
+                self.notifier.send(url, body)
+
+    # --- one rollout -----------------------------------------------------------------------
+
+    def _advance(self, session: Session, now: datetime, rollout: Rollout) -> list[tuple[str, Any]]:
+        deployment = session.get(Deployment, rollout.deployment_id)
+        assert deployment is not None
+        before = (rollout.state, rollout.step_index, len(rollout.analysis))
+        if rollout.ticked_at is not None and rollout.step_started_at is not None:
+            gap = now - rollout.ticked_at
+            if gap > self.leaderless_gap and rollout.state == "progressing":
+                rollout.step_started_at += gap
+        rollout.ticked_at = now
+        if rollout.phase == "ending":
+            rollout.phase = "done"
+        elif rollout.state == "progressing" and rollout.spec.get("managed"):
+            if rollout.kind == "restart":
+                self._restart(session, now, rollout, deployment)
+            else:
+                self._rollout(session, now, rollout, deployment)
+        session.add(rollout)
+        return self._notices(session, rollout, deployment, before)
+
+    def _rollout(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        promote = rollout.spec.get("promote")
+        if promote is not None:
+            rollout.spec = {k: v for k, v in rollout.spec.items() if k != "promote"}
+            if promote == "full" or rollout.phase != "promoting":
+                self._next_step(session, now, rollout, deployment, full=promote == "full")
+        # A phase that ends hands over to the next within the same round.
+        for _ in range(3):
+            phase = rollout.phase
+            if phase == "waiting":
+                self._wait_for_canary(session, now, rollout, deployment)
+            elif phase == "analysing":
+                self._maybe_analyse(session, now, rollout, deployment)
+            elif phase == "promoting":
+                self._promote(session, now, rollout, deployment)
+            if rollout.phase == phase or rollout.state != "progressing":
+                break
+
+    def _weights(self, rollout: Rollout) -> list[int]:
+        return [int(s.get("weight", 0)) for s in rollout.steps]
+
+    def _wait_for_canary(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        assert deployment.id is not None
+        weight = self._weights(rollout)[rollout.step_index]
+        total = tr.instance_total(session, deployment.id)
+        need = tr.canary_size(weight, total)
+        if need < 1:
+            tr.end(
+                session,
+                now,
+                ACTOR,
+                rollout,
+                deployment,
+                "aborted",
+                f"deployment has {total} instance(s): no room for a canary beside stable",
+            )
+            return
+        if rollout.canary_instances != need:
+            tr.set_canary(session, now, ACTOR, rollout, deployment, instances=need)
+        if tr.ready_count(session, deployment.id, rollout.to_version_id) < need:
+            return
+        tr.set_canary(session, now, ACTOR, rollout, deployment, weight=weight)
+        rollout.phase = "analysing"
+        rollout.step_started_at = now
+        rollout.spec = {
+            **rollout.spec,
+            "restarts_at": tr.canary_restarts(session, rollout),
+            "interval_since": now.isoformat(),
+        }
+        record_event(
+            session,
+            now,
+            ACTOR,
+            "rollout.step",
+            tr.subject(deployment),
+            f"rollout {rollout.id} of deployment {deployment.name}: step "
+            f"{rollout.step_index + 1}/{len(rollout.steps)}, {need} canary instance(s) ready, "
+            f"{weight}% of requests",
+            rollout=rollout.id,
+            step=rollout.step_index + 1,
+            weight=weight,
+        )
+
+    def _maybe_analyse(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        assert rollout.step_started_at is not None
+        if now < rollout.step_started_at + tr.interval_of(rollout):
+            return
+        since = datetime.fromisoformat(rollout.spec.get("interval_since", now.isoformat()))
+        since = min(since, rollout.step_started_at)
+        # The engines' figures come in 10 s buckets labelled by their start: the one the
+        # interval starts in counts too (decoding speed does not depend on the weight).
+        traffic = deployment_traffic(
+            session,
+            now,
+            deployment.name,
+            since,
+            now,
+            whole_windows=True,
+            diffusion_since=since - timedelta(seconds=SAMPLE_BUCKET_S),
+        )
+        stable_label = tr.label(session, deployment.stable_version_id)
+        canary_label = tr.label(session, rollout.to_version_id)
+        by_version: dict[str, VersionTraffic] = {v.version: v for v in traffic.versions}
+        restarts_now = tr.canary_restarts(session, rollout)
+        result = analyse(
+            Interval(
+                time=now,
+                since=since,
+                step=rollout.step_index + 1,
+                weight=rollout.canary_weight,
+                stable=by_version.get(stable_label),
+                canary=by_version.get(canary_label),
+                canary_restarts=max(restarts_now - int(rollout.spec.get("restarts_at", 0)), 0),
+            ),
+            tr.policy_of(rollout),
+        )
+        rollout.analysis = [*rollout.analysis, result.model_dump(mode="json")]
+        rollout.spec = {
+            **rollout.spec,
+            "restarts_at": restarts_now,
+            "interval_since": now.isoformat(),
+        }
+        rollout.step_started_at = now  # a new interval, unless the step ends below
+        policy = tr.policy_of(rollout)
+        if result.verdict == "fail":
+            rollout.failures += 1
+            reason = failing_reason(result)
+            record_event(
+                session,
+                now,
+                ACTOR,
+                "rollout.analysis_failed",
+                tr.subject(deployment),
+                f"rollout {rollout.id} of deployment {deployment.name}, step "
+                f"{result.step}: analysis failed ({rollout.failures}/{policy.failure_limit}): "
+                f"{reason}",
+                rollout=rollout.id,
+                step=result.step,
+                failures=rollout.failures,
+            )
+            if rollout.failures >= (policy.failure_limit or 1):
+                tr.end(
+                    session,
+                    now,
+                    ACTOR,
+                    rollout,
+                    deployment,
+                    "aborted",
+                    f"step {result.step}: {reason}",
+                )
+            return
+        if result.verdict == "inconclusive":
+            rollout.message = (
+                f"step {result.step} extended: {result.canary_requests} canary and "
+                f"{result.stable_requests} stable requests in the interval, "
+                f"{policy.min_requests} needed in each"
+            )
+            return
+        rollout.failures = 0
+        self._next_step(session, now, rollout, deployment, full=False)
+
+    def _next_step(
+        self,
+        session: Session,
+        now: datetime,
+        rollout: Rollout,
+        deployment: Deployment,
+        *,
+        full: bool,
+    ) -> None:
+        weights = self._weights(rollout)
+        k = len(weights) - 1 if full else min(rollout.step_index + 1, len(weights) - 1)
+        rollout.step_index = k
+        rollout.step_started_at = None
+        rollout.phase = "promoting" if weights[k] >= 100 else "waiting"
+        rollout.message = f"step {k + 1}/{len(weights)}: {weights[k]}%"
+
+    def _promote(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        """All requests to the new pair; one more instance moves each time all are ready."""
+        assert deployment.id is not None
+        total = tr.instance_total(session, deployment.id)
+        ready = tr.ready_count(session, deployment.id, rollout.to_version_id)
+        if rollout.canary_weight != 100 and ready >= 1:
+            tr.set_canary(session, now, ACTOR, rollout, deployment, weight=100)
+        if rollout.canary_instances < total:
+            if ready >= rollout.canary_instances:
+                step = total if rollout.spec.get("all_at_once") else rollout.canary_instances + 1
+                tr.set_canary(session, now, ACTOR, rollout, deployment, instances=step)
+            return
+        if ready < total:
+            return
+        self._finish(session, now, rollout, deployment)
+
+    def _finish(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        old_version, old_config = deployment.stable_version_id, deployment.engine_config
+        deployment.stable_version_id = rollout.to_version_id
+        if rollout.engine_config is not None:
+            deployment.engine_config = rollout.engine_config
+        deployment.rollback_version_id = old_version
+        deployment.rollback_engine_config = old_config
+        deployment.updated_at = now
+        session.add(deployment)
+        state = "promoted" if rollout.kind == "rollout" else "rolled_back"
+        rollout.state = state
+        rollout.phase = "done"
+        rollout.canary_instances = 0
+        rollout.canary_weight = 0
+        rollout.message = (
+            f"{tr.label(session, rollout.to_version_id)} is stable; "
+            f"{tr.label(session, old_version)} is kept for rollback"
+        )
+        session.add(rollout)
+        session.flush()
+        replan_deployment(session, now, ACTOR, deployment)
+        # Every host of the deployment learns its new keep-list (the rollback target).
+        hosts = session.exec(
+            select(Instance.host_id).where(Instance.deployment_id == deployment.id)
+        ).all()
+        bump_generation(session, hosts)
+        record_event(
+            session,
+            now,
+            ACTOR,
+            f"{rollout.kind}.{state}",
+            tr.subject(deployment),
+            f"{rollout.kind} {rollout.id} of deployment {deployment.name} {state.replace('_', ' ')}"
+            f": {rollout.message}",
+            rollout=rollout.id,
+        )
+
+    # --- restarts --------------------------------------------------------------------------
+
+    def _restart(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        spec = dict(rollout.spec)
+        current = spec.get("current")
+        if current is None:
+            queue = list(spec.get("queue", []))
+            if not queue:
+                rollout.state = "completed"
+                rollout.phase = "done"
+                rollout.message = f"{len(spec.get('done', []))} instance(s) restarted"
+                record_event(
+                    session,
+                    now,
+                    ACTOR,
+                    "restart.completed",
+                    tr.subject(deployment),
+                    f"restart {rollout.id} of deployment {deployment.name}: {rollout.message}",
+                    rollout=rollout.id,
+                )
+                return
+            current = queue.pop(0)
+            spec.update(queue=queue, current=current, stage="stopping")
+            self._set_desired(session, current, "stopped")
+        instance = session.get(Instance, current)
+        if instance is None:  # deleted meanwhile (scaled down): nothing to restart
+            spec.update(current=None)
+        elif spec.get("stage") == "stopping" and instance.observed_state in STOPPED_STATES:
+            spec.update(stage="starting")
+            self._set_desired(session, current, "running")
+        elif (
+            spec.get("stage") == "starting"
+            and instance.observed_state == InstanceState.READY.value
+            and instance.desired_state == "running"
+        ):
+            spec.update(current=None, done=[*spec.get("done", []), current])
+            record_event(
+                session,
+                now,
+                ACTOR,
+                "restart.instance",
+                tr.subject(deployment),
+                f"restart {rollout.id}: instance {current} of deployment {deployment.name} "
+                f"ready again ({len(spec['done'])}/{len(spec['done']) + len(spec['queue'])})",
+                rollout=rollout.id,
+                instance=current,
+            )
+        rollout.spec = spec
+        rollout.updated_at = now
+
+    def _set_desired(self, session: Session, instance_id: int, state: str) -> None:
+        instance = session.get(Instance, instance_id)
+        if instance is None:
+            return
+        instance.desired_state = state
+        session.add(instance)
+        session.flush()
+        bump_generation(session, [instance.host_id])
+
+    # --- notifications ---------------------------------------------------------------------
+
+    def _notices(
+        self,
+        session: Session,
+        rollout: Rollout,
+        deployment: Deployment,
+        before: tuple[str, int, int],
+    ) -> list[tuple[str, Any]]:
+        """A notice for a state change (recorded by the row: by hand changes count too) and
+        for each new failed analysis."""
+        url = tr.policy_of(rollout).notify
+        if not url:
+            return []
+        body = {
+            "deployment": deployment.name,
+            "rollout": rollout.id,
+            "kind": rollout.kind,
+            "from": tr.label(session, rollout.from_version_id),
+            "to": tr.label(session, rollout.to_version_id),
+            "state": rollout.state,
+            "step": rollout.step_index + 1,
+            "weight": rollout.canary_weight,
+            "reason": rollout.message,
+        }
+        notices: list[tuple[str, Any]] = [
+            (url, {**body, "event": "analysis_failed", "analysis": analysis})
+            for analysis in rollout.analysis[before[2] :]
+            if analysis.get("verdict") == "fail"
+        ]
+        if rollout.spec.get("notified_state") != rollout.state:
+            rollout.spec = {**rollout.spec, "notified_state": rollout.state}
+            notices.append((url, {**body, "event": "state"}))
+        return notices
+
+    def _notice_failed(self, notice: Notice, error: str) -> None:
+        with Session(self._engine) as session:
+            now = datetime.now(UTC)
+            record_event(
+                session,
+                now,
+                ACTOR,
+                "rollout.notify_failed",
+                f"deployment/{notice.body.get('deployment', '')}",
+                f"notification to {redacted(notice.url)} failed after "
+                f"{len(notice.attempts)} attempts: {error}",
+                rollout=notice.body.get("rollout"),
+                event=notice.body.get("event"),
+            )
+            session.commit()

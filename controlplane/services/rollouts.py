@@ -1,0 +1,432 @@
+"""Rollouts, rollbacks and restarts as the API starts and steers them (operator role); the
+controller (`controlplane.rollouts.controller`) moves them on. Every change records an Event."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlmodel import Session, col, select
+
+from controlplane.eventlog import record_event
+from controlplane.models import Deployment, Host, Instance, Model, ModelVersion, Rollout
+from controlplane.rollouts import transitions as tr
+from controlplane.services.deployments import _engine_config, get_deployment
+from controlplane.services.errors import Conflict, Invalid, NotFound
+from controlplane.services.models import deployable_version, find_version
+from protocol.rest import split_ref
+from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
+from protocol.rollouts import (
+    Analysis,
+    InstanceProgress,
+    RestartCreate,
+    RollbackCreate,
+    RolloutAction,
+    RolloutCreate,
+    RolloutOut,
+)
+from protocol.wire import InstanceState
+
+HISTORY_LIMIT = 50
+
+
+def _version_tag(session: Session, deployment: Deployment, ref: str) -> str:
+    """The VERSION of REF (VERSION or MODEL:VERSION of the deployment's own model)."""
+    model = session.get(Model, deployment.model_id)
+    assert model is not None
+    if ":" not in ref:
+        return ref
+    try:
+        name, tag = split_ref(ref)
+    except ValueError as exc:
+        raise Invalid(str(exc)) from None
+    if name != model.name:
+        raise Invalid(
+            f"deployment {deployment.name} serves model {model.name!r}, not {name!r}: "
+            f"name a version of {model.name}"
+        )
+    return tag
+
+
+def _refuse_if_busy(session: Session, deployment: Deployment) -> None:
+    assert deployment.id is not None
+    busy = tr.active_of(session, deployment.id)
+    if busy is not None:
+        raise Conflict(
+            f"deployment {deployment.name} already has an active {busy.kind} ({busy.id}, "
+            f"{busy.state}): wait for it, or `dctl rollout abort {deployment.name}`"
+        )
+
+
+def _locked(session: Session, name: str) -> Deployment:
+    """The deployment, its row locked until commit (PostgreSQL), so two requests cannot both
+    start something on it."""
+    row = session.exec(select(Deployment).where(Deployment.name == name).with_for_update()).first()
+    if row is None:
+        raise NotFound(f"deployment {name!r}")
+    return row
+
+
+def start_rollout(
+    session: Session, now: datetime, actor: str, name: str, spec: RolloutCreate
+) -> Rollout:
+    """Start a rollout: Conflict when one is active, Invalid when the plan cannot run."""
+    deployment = _locked(session, name)
+    assert deployment.id is not None
+    _refuse_if_busy(session, deployment)
+    to_id = deployment.stable_version_id
+    if spec.to is not None:
+        model = session.get(Model, deployment.model_id)
+        assert model is not None
+        _model, version = deployable_version(
+            session, model.name, _version_tag(session, deployment, spec.to)
+        )
+        assert version.id is not None
+        to_id = version.id
+    config = _engine_config(spec.engine_config) if spec.engine_config is not None else None
+    if to_id == deployment.stable_version_id:
+        # The gateway and the analysis tell the pools apart by version (digest): a canary of
+        # the same weights cannot be routed or measured apart from stable.
+        raise Invalid(
+            f"{tr.label(session, to_id)} is already deployment {name}'s stable version: a "
+            "rollout needs --to a new version (to try an engine config alone, register the "
+            "same weights as a new version, e.g. `dctl model create-demo DIR --seed N`)"
+        )
+    total = tr.instance_total(session, deployment.id)
+    if total < 2:
+        raise Invalid(
+            f"deployment {name} runs {total} instance(s): a canary needs one beside at least one "
+            f"stable instance. Scale it first (`dctl deploy scale {name} 2`, or more hosts); "
+            "--surge (extra instances on free GPUs) is not available yet"
+        )
+    # The rollout's own thresholds, else the deployment's, else the built-in defaults.
+    policy = RolloutPolicy.model_validate(
+        {
+            **DEFAULT_POLICY.model_dump(),
+            **deployment.rollout_policy,
+            **spec.policy.model_dump(exclude_none=True),
+        }
+    )
+    weights = spec.weights()
+    rollout = Rollout(
+        deployment_id=deployment.id,
+        from_version_id=deployment.stable_version_id,
+        to_version_id=to_id,
+        kind="rollout",
+        state="progressing",
+        phase="waiting",
+        step_index=0,
+        canary_weight=0,
+        canary_instances=0,
+        steps=[{"weight": w} for w in weights],
+        spec={
+            "managed": True,
+            "policy": policy.model_dump(exclude_none=True),
+            "surge": spec.surge,
+            "from_config": deployment.engine_config,
+        },
+        engine_config=config,
+        actor=actor,
+        message=spec.reason or "started",
+        ticked_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(rollout)
+    session.flush()
+    if weights[0] >= 100:
+        rollout.phase = "promoting"
+    record_event(
+        session,
+        now,
+        actor,
+        "rollout.started",
+        tr.subject(deployment),
+        f"rollout {rollout.id} of deployment {name} started: "
+        f"{tr.label(session, rollout.from_version_id)} -> {tr.label(session, to_id)}"
+        f"{' with a new engine config' if config else ''}, steps "
+        f"{' -> '.join(f'{w}%' for w in weights)}, {policy.interval_s:g} s each",
+        rollout=rollout.id,
+        steps=weights,
+        reason=spec.reason,
+    )
+    return rollout
+
+
+def act(
+    session: Session, now: datetime, actor: str, name: str, action: str, body: RolloutAction
+) -> Rollout:
+    """promote [--full], abort, pause or resume the active rollout (NotFound when none)."""
+    deployment = _locked(session, name)
+    assert deployment.id is not None
+    rollout = tr.active_of(session, deployment.id)
+    if rollout is None:
+        raise NotFound(f"active rollout of deployment {name!r}")
+    why = body.reason or f"{action} by {actor}"
+    if action == "abort":
+        tr.end(session, now, actor, rollout, deployment, "aborted", why)
+        return rollout
+    if action == "pause":
+        if rollout.state == "paused":
+            return rollout
+        tr.pause(session, now, actor, rollout, why)
+    elif action == "resume":
+        if rollout.state != "paused":
+            raise Conflict(f"{rollout.kind} {rollout.id} of deployment {name} is not paused")
+        tr.resume(session, now, rollout)
+    elif action == "promote":
+        if rollout.kind != "rollout":
+            raise Conflict(f"a {rollout.kind} has no steps to promote")
+        if rollout.state == "paused":
+            tr.resume(session, now, rollout)
+        # The controller carries it out at its next round: the next step, or all the way.
+        rollout.spec = {**rollout.spec, "promote": "full" if body.full else "step"}
+        rollout.updated_at = now
+        session.add(rollout)
+    else:
+        raise Invalid(f"unknown action {action!r}: promote, abort, pause or resume")
+    record_event(
+        session,
+        now,
+        actor,
+        f"rollout.{action}",
+        tr.subject(deployment),
+        f"{rollout.kind} {rollout.id} of deployment {name}: {action}"
+        f"{' --full' if body.full and action == 'promote' else ''} ({why})",
+        rollout=rollout.id,
+        reason=body.reason,
+    )
+    return rollout
+
+
+def start_rollback(
+    session: Session, now: datetime, actor: str, name: str, spec: RollbackCreate
+) -> Rollout:
+    """Back to the previous stable pair (or the named version) without analysis. During an
+    active rollout: that rollout ends `rolled_back` (its canary goes away at once)."""
+    deployment = _locked(session, name)
+    assert deployment.id is not None
+    active = tr.active_of(session, deployment.id)
+    if active is not None and active.kind == "rollout" and spec.to is None:
+        tr.end(session, now, actor, active, deployment, "rolled_back", spec.reason or "rolled back")
+        return active
+    _refuse_if_busy(session, deployment)
+    config = None
+    if spec.to is not None:
+        model = session.get(Model, deployment.model_id)
+        assert model is not None
+        found = find_version(session, model.name, _version_tag(session, deployment, spec.to))
+        if found is None:
+            raise NotFound(f"version {spec.to!r} of model {model.name!r}")
+        target = found[1].id
+    else:
+        target = deployment.rollback_version_id
+        config = deployment.rollback_engine_config
+        if target is None:
+            raise Conflict(
+                f"deployment {name} has no earlier version to go back to (no rollout was promoted"
+                " yet): name one with --to"
+            )
+    assert target is not None
+    if session.get(ModelVersion, target) is None:
+        raise Conflict(f"the version to go back to (id {target}) was deleted: name one with --to")
+    if target == deployment.stable_version_id:
+        raise Conflict(f"{tr.label(session, target)} is already deployment {name}'s stable version")
+    if tr.instance_total(session, deployment.id) == 0:
+        raise Conflict(f"deployment {name} has no instances to move")
+    rollout = Rollout(
+        deployment_id=deployment.id,
+        from_version_id=deployment.stable_version_id,
+        to_version_id=target,
+        kind="rollback",
+        state="progressing",
+        phase="promoting",
+        steps=[{"weight": 100}],
+        spec={
+            "managed": True,
+            "all_at_once": spec.all_at_once,
+            "policy": DEFAULT_POLICY.model_dump(exclude_none=True),
+            "from_config": deployment.engine_config,
+        },
+        engine_config=config,
+        actor=actor,
+        message=spec.reason or "rollback",
+        ticked_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(rollout)
+    session.flush()
+    record_event(
+        session,
+        now,
+        actor,
+        "rollback.started",
+        tr.subject(deployment),
+        f"rollback {rollout.id} of deployment {name}: {tr.label(session, rollout.from_version_id)} "
+        f"-> {tr.label(session, target)}{', all at once' if spec.all_at_once else ''}",
+        rollout=rollout.id,
+        reason=spec.reason,
+    )
+    return rollout
+
+
+def start_restart(
+    session: Session, now: datetime, actor: str, name: str, spec: RestartCreate
+) -> Rollout:
+    """Restart the deployment's instances (or those on HOST, or INSTANCE) one at a time."""
+    deployment = _locked(session, name)
+    assert deployment.id is not None
+    _refuse_if_busy(session, deployment)
+    query = select(Instance.id, Host.name).join(Host, col(Host.id) == col(Instance.host_id))
+    rows: list[tuple[int | None, str]] = list(
+        session.exec(
+            query.where(Instance.deployment_id == deployment.id).order_by(col(Instance.id))
+        ).all()
+    )
+    if spec.host is not None:
+        rows = [r for r in rows if r[1] == spec.host]
+        if not rows:
+            raise NotFound(f"instances of deployment {name} on host {spec.host!r}")
+    if spec.instance is not None:
+        rows = [r for r in rows if r[0] == spec.instance]
+        if not rows:
+            raise NotFound(f"instance {spec.instance} of deployment {name}")
+    if not rows:
+        raise Conflict(f"deployment {name} has no instances to restart")
+    queue = [int(r[0]) for r in rows if r[0] is not None]
+    rollout = Rollout(
+        deployment_id=deployment.id,
+        from_version_id=deployment.stable_version_id,
+        to_version_id=deployment.stable_version_id,
+        kind="restart",
+        state="progressing",
+        phase="restarting",
+        steps=[],
+        spec={
+            "managed": True,
+            "queue": queue,
+            "done": [],
+            "policy": DEFAULT_POLICY.model_dump(exclude_none=True),
+        },
+        actor=actor,
+        message=spec.reason or "restart",
+        ticked_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(rollout)
+    session.flush()
+    record_event(
+        session,
+        now,
+        actor,
+        "restart.started",
+        tr.subject(deployment),
+        f"restart {rollout.id} of deployment {name}: {len(queue)} instance(s), one at a time",
+        rollout=rollout.id,
+        instances=queue,
+        reason=spec.reason,
+    )
+    return rollout
+
+
+def current(session: Session, name: str) -> Rollout:
+    """The active rollout of NAME, else its most recent one (NotFound: never had one)."""
+    deployment = get_deployment(session, name)
+    assert deployment.id is not None
+    rollout = (
+        tr.active_of(session, deployment.id)
+        or session.exec(
+            select(Rollout)
+            .where(Rollout.deployment_id == deployment.id)
+            .order_by(col(Rollout.id).desc())
+        ).first()
+    )
+    if rollout is None:
+        raise NotFound(f"rollout of deployment {name!r} (it never had one)")
+    return rollout
+
+
+def history(session: Session, name: str, limit: int = HISTORY_LIMIT) -> list[Rollout]:
+    """NAME's rollouts, rollbacks and restarts, newest first."""
+    deployment = get_deployment(session, name)
+    return list(
+        session.exec(
+            select(Rollout)
+            .where(Rollout.deployment_id == deployment.id)
+            .order_by(col(Rollout.id).desc())
+            .limit(limit)
+        ).all()
+    )
+
+
+def by_id(session: Session, name: str, rollout_id: int) -> Rollout:
+    """One of NAME's records."""
+    deployment = get_deployment(session, name)
+    rollout = session.get(Rollout, rollout_id)
+    if rollout is None or rollout.deployment_id != deployment.id:
+        raise NotFound(f"rollout {rollout_id} of deployment {name!r}")
+    return rollout
+
+
+def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
+    """The API's view of a record, with its instances as they stand."""
+    deployment = session.get(Deployment, rollout.deployment_id)
+    assert deployment is not None and deployment.id is not None
+    policy = tr.policy_of(rollout)
+    active = tr.is_active(rollout) and rollout.kind != "restart"
+    time_left = None
+    if rollout.state == "paused" and rollout.paused_left_s is not None:
+        time_left = rollout.paused_left_s
+    elif rollout.phase == "analysing" and rollout.step_started_at is not None:
+        spent = (now - rollout.step_started_at).total_seconds()
+        time_left = max((policy.interval_s or 0.0) - spent, 0.0)
+    rows = session.exec(
+        select(Instance, Host.name)
+        .join(Host, col(Host.id) == col(Instance.host_id))
+        .where(Instance.deployment_id == deployment.id)
+        .order_by(col(Instance.id))
+    ).all()
+    instances = [
+        InstanceProgress(
+            id=inst.id or 0,
+            host=host,
+            version=tr.label(session, inst.version_id),
+            pool="canary" if active and inst.version_id == rollout.to_version_id else "stable",
+            state=inst.observed_state,
+            ready=inst.observed_state == InstanceState.READY.value,
+            restarts=inst.restart_count,
+        )
+        for inst, host in rows
+    ]
+    canary_ready = tr.ready_count(session, deployment.id, rollout.to_version_id) if active else 0
+    stable_ready = tr.ready_count(session, deployment.id, deployment.stable_version_id)
+    analyses = [Analysis.model_validate(a) for a in rollout.analysis]
+    weights = [int(s.get("weight", 0)) for s in rollout.steps]
+    step = rollout.step_index + 1 if rollout.phase != "waiting" or rollout.step_index else 0
+    return RolloutOut(
+        id=rollout.id or 0,
+        deployment=deployment.name,
+        kind=rollout.kind,
+        state=rollout.state,
+        step=min(step, len(weights)) if weights else 0,
+        steps=weights,
+        weight=rollout.canary_weight,
+        from_=tr.label(session, rollout.from_version_id),
+        to=tr.label(session, rollout.to_version_id),
+        engine_config_changed=rollout.engine_config is not None,
+        phase=rollout.phase,
+        canary_instances=rollout.canary_instances,
+        canary_ready=canary_ready,
+        stable_ready=stable_ready,
+        step_started_at=rollout.step_started_at,
+        time_left_s=time_left,
+        policy=policy,
+        analysis=analyses[-1] if analyses else None,
+        analyses=analyses,
+        reason=rollout.message,
+        actor=rollout.actor,
+        instances=instances,
+        created_at=rollout.created_at,
+        updated_at=rollout.updated_at,
+    )

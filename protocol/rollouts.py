@@ -1,0 +1,174 @@
+"""Contracts of rollouts, rollbacks and restarts (`/api/v1/deployments/{name}/rollout...`).
+
+A rollout moves a deployment to a new (version, engine config) pair through canary steps of
+rising weight, each analysed against the stable pool; a rollback moves it back to a version its
+hosts still hold, with no analysis; a restart replaces its engine processes one at a time. All
+three are `RolloutOut` records of one kind each, and a deployment has at most one active.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from itertools import pairwise
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from protocol.rest import ApiModel, _check_engine_config
+from protocol.rollout_policy import RolloutPolicy
+from protocol.wire import INT32_MAX
+
+RolloutKind = Literal["rollout", "rollback", "restart"]
+RolloutState = Literal["progressing", "paused", "promoted", "aborted", "rolled_back", "completed"]
+Verdict = Literal["pass", "fail", "inconclusive"]
+
+# The plan when none is given: the --canary weight, then these, the last always 100.
+DEFAULT_LATER_STEPS = (50, 100)
+MAX_STEPS = 20
+
+
+class RolloutCreate(ApiModel):
+    """`POST /api/v1/deployments/{name}/rollout` (operator): start a rollout of a new version, a
+    new engine config, or both."""
+
+    to: str | None = Field(
+        default=None, max_length=200, description="VERSION or MODEL:VERSION of the new version"
+    )
+    engine_config: dict[str, Any] | None = Field(
+        default=None, description="the canary's engine config (the whole document)"
+    )
+    canary: int = Field(default=10, ge=1, le=99, description="first step's weight, percent")
+    steps: list[int] | None = Field(
+        default=None, description="the weights, rising, the last 100 (overrides canary)"
+    )
+    surge: int = Field(default=0, ge=0, le=64, description="extra canary instances allowed")
+    policy: RolloutPolicy = Field(default_factory=RolloutPolicy)
+    reason: str = Field(default="", max_length=500)
+
+    _engine_config = field_validator("engine_config")(
+        lambda v: None if v is None else _check_engine_config(v)
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _rising_to_100(cls, steps: list[int] | None) -> list[int] | None:
+        if steps is None:
+            return None
+        if not steps or len(steps) > MAX_STEPS:
+            raise ValueError(f"steps needs 1 to {MAX_STEPS} weights")
+        if any(not 1 <= w <= 100 for w in steps):
+            raise ValueError("every step weight is a percent from 1 to 100")
+        if any(b <= a for a, b in pairwise(steps)):
+            raise ValueError(f"step weights must rise: {steps}")
+        if steps[-1] != 100:
+            raise ValueError(f"the last step must be 100 (promotion), not {steps[-1]}")
+        return steps
+
+    @model_validator(mode="after")
+    def _something_new(self) -> RolloutCreate:
+        if self.to is None and self.engine_config is None:
+            raise ValueError("a rollout needs a new version (to), a new engine_config, or both")
+        return self
+
+    def weights(self) -> list[int]:
+        """The plan: `steps`, or the canary weight then `DEFAULT_LATER_STEPS` above it."""
+        if self.steps is not None:
+            return list(self.steps)
+        return [self.canary, *(w for w in DEFAULT_LATER_STEPS if w > self.canary)]
+
+
+class RolloutAction(ApiModel):
+    """`POST .../rollout/{promote,abort,pause,resume}` (operator)."""
+
+    reason: str = Field(default="", max_length=500)
+    full: bool = Field(default=False, description="promote: skip the remaining steps")
+
+
+class RollbackCreate(ApiModel):
+    """`POST /api/v1/deployments/{name}/rollback` (operator)."""
+
+    to: str | None = Field(
+        default=None, max_length=200, description="VERSION or MODEL:VERSION; default: previous"
+    )
+    all_at_once: bool = False
+    reason: str = Field(default="", max_length=500)
+
+
+class RestartCreate(ApiModel):
+    """`POST /api/v1/deployments/{name}/restart` (operator): every instance, or those named."""
+
+    host: str | None = Field(default=None, max_length=63)
+    instance: int | None = Field(default=None, ge=1, le=INT32_MAX)
+    reason: str = Field(default="", max_length=500)
+
+
+class MetricVerdict(ApiModel):
+    """One row of an analysis: a metric of each pool, the limit, and what it says."""
+
+    metric: str
+    stable: float | None
+    canary: float | None
+    limit: str = Field(description="the rule, e.g. '<= stable + 0.01' or '<= 1.25x stable'")
+    verdict: Verdict
+    note: str = ""
+
+
+class Analysis(ApiModel):
+    """The comparison of canary and stable over one interval of one step."""
+
+    time: datetime
+    step: int = Field(description="1-based step number")
+    weight: int
+    since: datetime
+    verdict: Verdict
+    stable_requests: int
+    canary_requests: int
+    metrics: list[MetricVerdict]
+
+
+class InstanceProgress(ApiModel):
+    """An instance of the deployment as a rollout, rollback or restart sees it."""
+
+    id: int
+    host: str
+    version: str
+    pool: Literal["stable", "canary"]
+    state: str
+    ready: bool
+    restarts: int
+
+
+class RolloutOut(ApiModel):
+    """A rollout, rollback or restart as it stands. Serialised with `from` (a Python keyword:
+    the field is `from_`); `dctl rollout status --json` prints this object."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    id: int
+    deployment: str
+    kind: RolloutKind
+    state: RolloutState
+    step: int = Field(description="1-based step; 0 before the first step's canary is ready")
+    steps: list[int] = Field(description="the plan's weights")
+    weight: int = Field(description="percent of requests the canary gets now")
+    from_: str = Field(alias="from", description="MODEL:VERSION before")
+    to: str = Field(description="MODEL:VERSION after")
+    engine_config_changed: bool
+    phase: str = Field(description="waiting, analysing, promoting, restarting, done")
+    canary_instances: int
+    canary_ready: int
+    stable_ready: int
+    step_started_at: datetime | None
+    time_left_s: float | None = Field(description="until this step's analysis; None: not timed")
+    policy: RolloutPolicy
+    analysis: Analysis | None = Field(description="the latest analysis")
+    analyses: list[Analysis] = Field(default_factory=list)
+    reason: str = Field(description="why it is in its state (abort: the metric and figures)")
+    actor: str
+    instances: list[InstanceProgress] = Field(default_factory=list)
+    created_at: datetime
+    updated_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        """The document `--json` prints: `from` spelled as such."""
+        return self.model_dump(mode="json", by_alias=True)

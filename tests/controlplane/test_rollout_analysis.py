@@ -1,0 +1,105 @@
+"""The canary analysis on figures built by hand: what passes, fails, or is too thin to judge."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from controlplane.rollouts.analysis import (
+    Interval,
+    analyse,
+    binomial_tail,
+    failing_reason,
+    share_above,
+)
+from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, VersionTraffic
+from protocol.rollout_policy import DEFAULT_POLICY
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def buckets(**at: int) -> list[int]:
+    """Counts by the bucket that holds a latency given as `s0_3=12` (12 requests at 0.3 s)."""
+    out = [0] * BUCKET_COUNT
+    for key, count in at.items():
+        seconds = float(key[1:].replace("_", "."))
+        out[next(i for i, b in enumerate(LATENCY_BUCKETS_S) if b >= seconds)] += count
+    return out
+
+
+def pool(version: str, latency: list[int], errors: int = 0, **extra: Any) -> VersionTraffic:
+    n = sum(latency)
+    return VersionTraffic(
+        version=version, requests=n, errors_5xx=errors, latency_buckets=latency,
+        ttft_buckets=latency, error_rate=errors / n if n else None, **extra,
+    )  # fmt: skip
+
+
+def judge(stable: VersionTraffic, canary: VersionTraffic, restarts: int = 0) -> Any:
+    interval = Interval(NOW, NOW, 1, 10, stable, canary, restarts)
+    result = analyse(interval, DEFAULT_POLICY)
+    return result, {m.metric: m for m in result.metrics}
+
+
+def test_binomial_tail_matches_the_exact_sum() -> None:
+    def exact(n: int, k: int, p: float) -> float:
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+    for n, k, p in ((46, 5, 0.05), (100, 30, 0.05), (10, 0, 0.3), (20, 20, 0.5)):
+        assert binomial_tail(n, k, p) == pytest.approx(exact(n, k, p), rel=1e-9)
+    assert binomial_tail(100_000, 6_000, 0.05) < 1e-40  # no overflow on big counts
+
+
+def test_share_above_interpolates_inside_a_bucket() -> None:
+    counts = buckets(s0_3=10)  # all in (0.25, 0.5]
+    assert share_above(counts, 0.25) == pytest.approx(1.0)
+    assert share_above(counts, 0.375) == pytest.approx(0.5)
+    assert share_above(counts, 0.5) == pytest.approx(0.0)
+
+
+def test_a_slower_canary_fails_but_a_few_slow_requests_do_not() -> None:
+    stable = pool("m:v1", buckets(s0_04=600, s0_8=20))
+    slow = pool("m:v2", buckets(s0_8=60))
+    result, by = judge(stable, slow)
+    assert result.verdict == "fail" and by["p95 latency (s)"].verdict == "fail"
+    assert "p95 latency" in failing_reason(result)
+    # 46 requests of which 4 hit the same host pause as stable's: a noisy p95, not a regression.
+    unlucky = pool("m:v2", buckets(s0_04=42, s0_8=4))
+    result, by = judge(stable, unlucky)
+    assert by["p95 latency (s)"].canary is not None and by["p95 latency (s)"].canary > 0.3
+    assert by["p95 latency (s)"].verdict == "pass" and result.verdict == "pass"
+
+
+def test_error_rate_restarts_and_too_few_requests() -> None:
+    stable = pool("m:v1", buckets(s0_04=100))
+    result, by = judge(stable, pool("m:v2", buckets(s0_04=40), errors=20))
+    assert by["error rate"].verdict == "fail" and result.verdict == "fail"
+    result, by = judge(stable, pool("m:v2", buckets(s0_04=40)), restarts=1)
+    assert by["canary restarts"].verdict == "fail" and result.verdict == "fail"
+    result, _ = judge(stable, pool("m:v2", buckets(s0_04=5)))
+    assert result.verdict == "inconclusive"  # 5 < min_requests: never promoted on no data
+
+
+def test_diffusion_figures_compare_decoding_speed() -> None:
+    stable = pool("m:v1", buckets(s0_04=100), steps_per_block=4.0, tokens_per_forward=4.0)
+    same = pool("m:v2", buckets(s0_04=40), steps_per_block=4.2, tokens_per_forward=3.8)
+    assert judge(stable, same)[0].verdict == "pass"
+    slower = pool("m:v2", buckets(s0_04=40), steps_per_block=8.0, tokens_per_forward=2.0)
+    result, by = judge(stable, slower)
+    assert by["steps per block"].verdict == "fail" and by["tokens per forward"].verdict == "fail"
+    missing = pool("m:v2", buckets(s0_04=40))
+    result, by = judge(stable, missing)
+    assert by["steps per block"].verdict == "inconclusive" and result.verdict == "pass"
+
+
+def test_few_canary_requests_fail_only_when_their_errors_already_break_the_limit() -> None:
+    stable = pool("m:v1", buckets(s0_04=100))
+    # 10 requests, 8 errors: even 20 more successes would leave 8/30 > 1%: a certain failure.
+    result, by = judge(stable, pool("m:v2", buckets(s0_04=10), errors=8))
+    assert by["error rate"].verdict == "fail" and result.verdict == "fail"
+    # 10 requests, 0 errors: too few to say anything.
+    result, by = judge(stable, pool("m:v2", buckets(s0_04=10)))
+    assert by["error rate"].verdict == "inconclusive" and result.verdict == "inconclusive"
