@@ -5,6 +5,10 @@ in their own sessions, so a Ctrl-C reaches only this process, which then stops t
 the gateway, the agent (it drains its engines), then the control plane. Every step is
 idempotent, so running `dctl up --demo` again on the same data dir reuses the checkpoint, the
 registration, the agent's identity, the deployment, the gateway's port and the demo's tokens.
+
+The deployment runs two instances, one GPU each, so a canary has room (it never takes the last
+stable instance); a short rollout policy and the demo traffic (`cli.demo_traffic`) let
+`dctl rollout demo --to demo:v2` be analysed and promoted within minutes.
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
+from cli.demo_traffic import DemoTraffic
 from cli.exits import CliError
 
 if TYPE_CHECKING:
@@ -30,6 +35,10 @@ if TYPE_CHECKING:
 DEPLOYMENT = "demo"
 MODEL, VERSION = "demo", "v1"
 ENGINE_PORTS = 8  # consecutive free ports offered to the agent
+CANARY_INSTANCES = 2  # a canary takes one instance and never the last stable one
+# Three steps (10 -> 50 -> 100) of 30 s: a demo rollout takes about a minute and a half.
+ROLLOUT_INTERVAL_S = 30.0
+ROLLOUT_MIN_REQUESTS = 10
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,7 @@ class DemoEndpoints:
     engine_key: str
     context: str
     context_is_current: bool
+    instances: int  # ready instances of the deployment: a canary needs CANARY_INSTANCES
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -86,15 +96,19 @@ class DemoStack:
         size: str | None = None,
         timeout_s: float = 600.0,
         say: Callable[[str], None] = print,
+        *,
+        traffic_rps: float = 4.0,
     ) -> None:
         self.data_dir = data_dir
         self.port = port
         self.size = size  # None: the trained demo model; tiny | small: random weights
         self.timeout_s = timeout_s
         self.say = say
+        self.traffic_rps = traffic_rps  # 0: no demo traffic
         self.url = f"http://127.0.0.1:{port}"
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+        self._traffic: DemoTraffic | None = None
 
     # --- processes -----------------------------------------------------------------------------
 
@@ -252,10 +266,60 @@ class DemoStack:
         saved.write_text(f"{first}-{last}\n")
         return first, last
 
+    def _deploy(self, api: ControlPlaneClient, host: str) -> int:
+        """Create the demo deployment, or bring an earlier run's to the demo's shape, with the
+        demo's rollout policy. Returns how many instances it runs."""
+        from client.http import ClientError
+        from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement
+        from protocol.rollout_policy import RolloutPolicy
+
+        try:
+            gpus = len(api.get_host(host).gpus)
+        except ClientError as exc:
+            raise CliError(f"the control plane did not answer: {exc}") from exc
+        # One GPU each leaves room for a canary; a host with one GPU keeps one instance on it.
+        instances = CANARY_INSTANCES if gpus >= CANARY_INSTANCES else 1
+        per_instance = 1 if instances > 1 else None  # None: all of the host's GPUs
+        try:
+            current = api.get_deployment(DEPLOYMENT)
+        except ClientError as exc:
+            if exc.status != 404:
+                raise CliError(f"the control plane did not answer: {exc}") from exc
+            self.say(
+                f"deploying {MODEL}:{VERSION} as {DEPLOYMENT!r} on {host}: {instances} "
+                f"instance(s), {'one GPU each' if per_instance else 'on all its GPUs'}"
+            )
+            # On a CPU each engine would otherwise spin torch threads on every core, fighting
+            # the other one for them.
+            threads = max(1, (os.cpu_count() or 1) // instances)
+            current = api.create_deployment(
+                DeploymentCreate(
+                    name=DEPLOYMENT,
+                    model=MODEL,
+                    version=VERSION,
+                    placement=Placement(hosts=[host]),
+                    instances_per_host=instances,
+                    gpus_per_instance=per_instance,
+                    engine_config={"resources": {"threads": threads}},
+                )
+            )
+        policy = RolloutPolicy(interval_s=ROLLOUT_INTERVAL_S, min_requests=ROLLOUT_MIN_REQUESTS)
+        change: dict[str, Any] = {}
+        if current.instances_per_host != instances:
+            change["instances_per_host"] = instances
+        if current.gpus_per_instance != per_instance:
+            change["gpus_per_instance"] = per_instance or 0  # 0: back to all GPUs
+        if current.rollout_policy != policy:
+            # DeploymentCreate has no policy: a new deployment gets it here.
+            change["rollout_policy"] = policy
+        if change:
+            api.update_deployment(DEPLOYMENT, DeploymentUpdate(**change))
+        return instances
+
     def start(self) -> DemoEndpoints:
-        """Bring the whole stack up and wait until the demo instance is ready."""
+        """Bring the whole stack up and wait until every demo instance is ready."""
         from client.http import ClientError, ControlPlaneClient
-        from protocol.rest import DeploymentCreate, Placement, TokenCreate
+        from protocol.rest import TokenCreate
 
         if not port_is_free(self.port):
             raise CliError(f"port {self.port} is in use: pass --port with a free port")
@@ -328,44 +392,35 @@ class DemoStack:
 
         def registered() -> bool:
             try:
-                api.get_host(host)
+                # Its GPUs come with its first heartbeat; the deployment's shape depends on them.
+                return bool(api.get_host(host).gpus)
             except ClientError:
                 return False
-            return True
 
-        self._wait_for(f"host {host} to register", registered, 300)
-        try:
-            api.get_deployment(DEPLOYMENT)
-        except ClientError:
-            self.say(f"deploying {MODEL}:{VERSION} as {DEPLOYMENT!r} on {host}")
-            api.create_deployment(
-                DeploymentCreate(
-                    name=DEPLOYMENT,
-                    model=MODEL,
-                    version=VERSION,
-                    placement=Placement(hosts=[host]),
-                )
-            )
-        ready_instances: list[tuple[int, int]] = []  # (instance id, port)
+        self._wait_for(f"host {host} to register and report its GPUs", registered, 300)
+        wanted = self._deploy(api, host)
+        ready_instances: list[tuple[int, int]] = []  # (instance id, port), oldest first
 
-        def instance_ready() -> bool:
+        def instances_ready() -> bool:
             try:
                 deployment = api.get_deployment(DEPLOYMENT)
             except ClientError:
                 return False
             # The stored state may be left over from an earlier run: ask the engine itself too.
-            ready = [
+            ready_instances[:] = sorted(
                 (i.id, i.port)
                 for i in deployment.instances
                 if i.observed_state == "ready" and _engine_ready(i.port)
-            ]
-            ready_instances[:] = ready
-            return bool(ready)
+            )
+            return len(ready_instances) >= wanted
 
-        self.say("waiting for the engine to load the model and become ready")
-        self._wait_for("the demo instance to become ready", instance_ready, self.timeout_s)
+        self.say(f"waiting for {wanted} engine(s) to load the model and become ready")
+        self._wait_for("the demo instances to become ready", instances_ready, self.timeout_s)
         base_url, client_key = self._start_gateway(api, env)
         api.close()
+        if self.traffic_rps > 0:
+            self._traffic = DemoTraffic(base_url, client_key, self.traffic_rps, say=self.say)
+            self._traffic.start()
         instance_id, port = ready_instances[0]
         return DemoEndpoints(
             self.url,
@@ -375,6 +430,7 @@ class DemoStack:
             self._engine_key(instance_id),
             context,
             current,
+            len(ready_instances),
         )
 
     def _engine_key(self, instance_id: int) -> str:
@@ -397,7 +453,10 @@ class DemoStack:
             self._check_children()
 
     def stop(self) -> None:
-        """Stop the gateway, the agent (draining its engines), then the control plane."""
+        """Stop the demo traffic, the gateway, the agent (draining its engines), then the control
+        plane."""
+        if self._traffic is not None:
+            self._traffic.stop()
         for name in ("gateway", "agent", "control plane"):
             child = self.children.get(name)
             if child is None or child.poll() is not None:
@@ -410,63 +469,3 @@ class DemoStack:
                 child.wait()
         for log in self._logs:
             log.close()
-
-
-def run_demo(data_dir: Path, port: int, size: str | None, timeout_s: float) -> int:
-    """The `dctl up --demo` command: start, print what to do next, wait for Ctrl-C, stop."""
-    stop = threading.Event()
-    started = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if not started.is_set():
-            raise KeyboardInterrupt  # abandon start-up wherever it is; `finally` cleans up
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    stack = DemoStack(data_dir, port, size, timeout_s, say=lambda line: print(line, flush=True))
-    try:
-        endpoints = stack.start()
-        started.set()
-        context_note = ""
-        if endpoints.context:
-            context_note = f"Credentials: context {endpoints.context!r} in the credentials file"
-            if not endpoints.context_is_current:
-                context_note += f" (`dctl context use {endpoints.context}` makes it current)"
-        sample = (
-            f"curl {endpoints.base_url}/chat/completions -H 'Content-Type: application/json' "
-            f"-H 'Authorization: Bearer {endpoints.api_key}' "
-            f"""-d '{{"model": "{DEPLOYMENT}", "messages": [{{"role": "user", "content": """
-            """"Hello!"}], "max_tokens": 32}'"""
-        )
-        print(
-            "\n".join(
-                [
-                    "",
-                    "dctl demo is up.",
-                    f"Control plane: {endpoints.control_plane}",
-                    f"OpenAI base URL: {endpoints.base_url}",
-                    f"OpenAI API key: {endpoints.api_key}",
-                    f"Engine, bypassing the gateway: {endpoints.engine_url} "
-                    f"(API key {endpoints.engine_key})",
-                    *([context_note] if context_note else []),
-                    "Try:",
-                    f"  {sample}",
-                    "  dctl status",
-                    "  dctl tui",
-                    "Ctrl-C stops everything.",
-                ]
-            ),
-            flush=True,
-        )
-        stack.watch(stop)
-        print("stopping the demo...", flush=True)
-        return 0
-    except CliError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.code
-    except KeyboardInterrupt:
-        print("interrupted during start-up; stopping what was started", flush=True)
-        return 130
-    finally:
-        stack.stop()

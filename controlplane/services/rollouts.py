@@ -3,7 +3,10 @@ controller (`controlplane.rollouts.controller`) moves them on. Every change reco
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
+from typing import Any
 
 from sqlmodel import Session, col, select
 
@@ -72,6 +75,11 @@ def start_rollout(
     """Start a rollout: Conflict when one is active, Invalid when the plan cannot run."""
     deployment = _locked(session, name)
     assert deployment.id is not None
+    if spec.surge:
+        raise Invalid(
+            "surge (extra canary instances on free GPUs) is not available yet: the canary takes "
+            f"instances from stable; scale deployment {name} up for room instead"
+        )
     _refuse_if_busy(session, deployment)
     to_id = deployment.stable_version_id
     if spec.to is not None:
@@ -84,13 +92,12 @@ def start_rollout(
         to_id = version.id
     config = _engine_config(spec.engine_config) if spec.engine_config is not None else None
     if to_id == deployment.stable_version_id:
-        # The gateway and the analysis tell the pools apart by version (digest): a canary of
-        # the same weights cannot be routed or measured apart from stable.
-        raise Invalid(
-            f"{tr.label(session, to_id)} is already deployment {name}'s stable version: a "
-            "rollout needs --to a new version (to try an engine config alone, register the "
-            "same weights as a new version, e.g. `dctl model create-demo DIR --seed N`)"
-        )
+        if config is None:
+            raise Invalid(
+                f"{tr.label(session, to_id)} is already deployment {name}'s stable version: "
+                "name another version with --to, or give a new --engine-config"
+            )
+        to_id = _config_version(session, now, to_id, config)
     total = tr.instance_total(session, deployment.id)
     if total < 2:
         raise Invalid(
@@ -150,6 +157,43 @@ def start_rollout(
         reason=spec.reason,
     )
     return rollout
+
+
+def _config_version(session: Session, now: datetime, stable_id: int, config: dict[str, Any]) -> int:
+    """The version a rollout of an engine config alone goes to: the stable weights under a tag
+    of their own (`VERSION-config-HASH`), registered once per config.
+
+    Pools, routes, traffic and figures are told apart by version; this one has the stable's
+    digest, so hosts already hold its snapshot and fetch nothing.
+    """
+    stable = session.get(ModelVersion, stable_id)
+    assert stable is not None and stable.id is not None
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
+    tag = f"{stable.version[:45]}-config-{digest}"
+    existing = session.exec(
+        select(ModelVersion).where(
+            ModelVersion.model_id == stable.model_id, ModelVersion.version == tag
+        )
+    ).first()
+    if existing is not None and existing.id is not None:
+        return existing.id
+    alias = ModelVersion(
+        model_id=stable.model_id,
+        version=tag,
+        line=stable.line,
+        parent_id=stable.id,
+        digest=stable.digest,
+        manifest=stable.manifest,
+        total_bytes=stable.total_bytes,
+        memory_plan=stable.memory_plan,
+        source_uri=stable.source_uri,
+        notes=f"the weights of {stable.version} under a new engine config (rollout)",
+        created_at=now,
+    )
+    session.add(alias)
+    session.flush()
+    assert alias.id is not None
+    return alias.id
 
 
 def act(

@@ -17,7 +17,7 @@ from protocol.rest import TokenCreate
 from tests.agent_e2e.conftest import HOST, Stack
 
 # Values for the path parameters of the viewer-visible routes, by parameter name.
-PATH_VALUES = {"name": "demo", "version": "v1"}
+PATH_VALUES = {"name": "demo", "version": "v1", "rollout_id": "1"}
 
 
 def _secrets(stack: Stack) -> dict[str, str]:

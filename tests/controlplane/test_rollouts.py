@@ -294,12 +294,13 @@ def test_bad_rollouts_are_refused_with_what_to_do(api: Api, fleet: tuple[str, st
         message: str = response.json()["message"]
         return message
 
-    assert "v1" in refused(422, to="v1")  # the stable version itself
+    assert "new --engine-config" in refused(422, to="v1")  # the stable version, same config
     assert "not registered" in refused(422, to="v9")
     assert "model 'demo'" in refused(422, to="other:v2")
     assert "last step must be 100" in refused(422, steps=[10, 50])
     assert "must rise" in refused(422, steps=[50, 10, 100])
     assert "needs a new version" in refused(422, to=None)
+    assert "not available yet" in refused(422, surge=1)
     scale = api.as_admin("PATCH", f"{V}/deployments/web", json={"instances_per_host": 1})
     assert scale.status_code == 200
     assert "dctl deploy scale web 2" in refused(422)
@@ -424,3 +425,35 @@ def test_a_notification_that_cannot_be_delivered_is_in_the_event_log(
     (event,) = failed["items"]
     assert "HTTP 500" in event["message"] and "3 attempts" in event["message"]
     assert "s3cret" not in event["message"]  # the query string may hold a secret
+
+
+def test_an_engine_config_alone_rolls_out_as_the_same_weights_under_a_new_tag(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    agent, _gateway = fleet
+    config = {"model": {"steps": 2}, "chaos": {"error_rate": 0.0}}
+    made = start(api, to=None, engine_config=config, steps=[50, 100])
+    assert made.status_code == 201, made.text
+    to = made.json()["to"]
+    assert to.startswith("demo:v1-config-") and made.json()["engine_config_changed"]
+    tick(api)
+    desired = beat(api, agent, advertise_address=ADDRESS)["instances"]
+    canary = [i for i in desired if i["model"]["version"] == to.split(":")[1]]
+    stable = [i for i in desired if i["model"]["version"] == "v1"]
+    assert len(canary) == 2 and len(stable) == 2
+    # Same weights (nothing to fetch), the new config on the canary only.
+    assert {i["model"]["digest"] for i in canary} == {i["model"]["digest"] for i in stable}
+    assert all(i["engine_config"] == config for i in canary)
+    assert all(i["engine_config"] != config for i in stable)
+    # The same config again is the same tag: registered once.
+    assert api.as_admin("POST", f"{V}/deployments/web/rollout/abort", json={}).is_success
+    tick(api)
+    again = start(api, to=None, engine_config=config, steps=[50, 100])
+    assert again.status_code == 201 and again.json()["to"] == to
+    full = api.as_admin("POST", f"{V}/deployments/web/rollout/promote", json={"full": True})
+    assert full.status_code == 200
+    for _ in range(6):
+        ready_round(api, agent)
+    assert status(api).state == "promoted"
+    shown = api.as_admin("GET", f"{V}/deployments/web").json()
+    assert shown["engine_config"] == config and shown["version"] == to.split(":")[1]
