@@ -44,6 +44,7 @@ from protocol.rest import TokenCreate  # noqa: E402
 from protocol.rollout_policy import RolloutPolicy  # noqa: E402
 from protocol.rollouts import RolloutAction, RolloutCreate  # noqa: E402
 
+GATEWAY_POLL_S = 1.0  # the gateway's default routes_poll_s
 CHAOS = {
     "resources": {"threads": 1},
     "model": {"dtype": "fp32", "max_seq_len": 512},
@@ -99,7 +100,7 @@ def wait(what: str, probe: object, timeout_s: float = 180.0) -> None:
 def all_on(api: ControlPlaneClient, version: str) -> bool:
     instances = api.get_deployment("demo").instances
     return len(instances) == 2 and all(
-        i.version == version and i.observed_state == "ready" for i in instances
+        i.version == version and i.observed_state == "ready" and i.on_version for i in instances
     )
 
 
@@ -132,7 +133,8 @@ def abort_to_weight_zero(api: ControlPlaneClient, gateway_api: ControlPlaneClien
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    policy = RolloutPolicy(interval_s=3, failure_limit=1, min_requests=5)
+    # Longer than the gateway's 5 s report windows: an interval needs one that fits in it.
+    policy = RolloutPolicy(interval_s=6, failure_limit=1, min_requests=5)
     created = api.start_rollout(
         "demo", RolloutCreate(to="v3", engine_config=CHAOS, canary=50, policy=policy)
     )
@@ -184,11 +186,13 @@ def main() -> None:
         f"({', '.join(f'{x:.2f}' for x in first)}): the agent restarts one engine on the new "
         "version, the gateway routes to it once it is ready"
     )
+    worst = max(zero) + GATEWAY_POLL_S
     print(
         f"failing analysis -> weight 0 in the routing table: median "
         f"{statistics.median(zero) * 1000:.0f} ms ({', '.join(f'{x * 1000:.0f}' for x in zero)})"
-        "; gateways poll it every routes_poll_s (1 s by default): under 2 s in all "
-        "(goal < 2 s; Argo Rollouts / Flagger: their next reconcile, seconds to a minute)"
+        f"; a gateway polls it every {GATEWAY_POLL_S:g} s (routes_poll_s), so every gateway "
+        f"routes by weight 0 within {worst:.2f} s of the verdict (goal < 2 s; Argo Rollouts / "
+        "Flagger: their next reconcile, seconds to a minute)"
     )
 
 

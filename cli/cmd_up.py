@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from cli.demo_traffic import DEFAULT_RPS
 from cli.exits import USAGE, CliError, fail
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def up(
         600.0, "--timeout-s", help="How long to wait for the engine to become ready."
     ),
     traffic_rps: float = typer.Option(
-        4.0,
+        DEFAULT_RPS,
         "--traffic-rps",
         help="Chat completions per second the demo sends through the gateway, so a rollout "
         "has requests to analyse; 0 turns it off.",
@@ -59,7 +60,7 @@ def up(
 
 
 def run_demo(
-    data_dir: Path, port: int, size: str | None, timeout_s: float, traffic_rps: float = 4.0
+    data_dir: Path, port: int, size: str | None, timeout_s: float, traffic_rps: float = DEFAULT_RPS
 ) -> int:
     """The `dctl up --demo` command: start, print what to do next, wait for Ctrl-C, stop."""
     from cli.demo_stack import DemoStack
@@ -152,9 +153,10 @@ def rollout_lines(size: str | None) -> list[str]:
 
     # On the trained model --seed changes only generation_config.json: same weights, own digest.
     # A random checkpoint has no trained weights to keep (--seed picks other random ones).
-    create = "dctl model create-demo ./demo-v2 --seed 2"
+    create = "dctl model create-demo ./demo-v2"
     if size is not None:
         create += f" --random --size {size}"
+    create += " --seed 2"
     minutes = 3 * ROLLOUT_INTERVAL_S / 60  # steps 10, 50 and the promotion to 100
     return [
         f"  {create} && dctl model register {MODEL}:v2 ./demo-v2",

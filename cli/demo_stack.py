@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from cli.demo_traffic import DemoTraffic
+from cli.demo_traffic import DEFAULT_RPS, DemoTraffic
 from cli.exits import CliError
 
 if TYPE_CHECKING:
@@ -36,9 +36,11 @@ DEPLOYMENT = "demo"
 MODEL, VERSION = "demo", "v1"
 ENGINE_PORTS = 8  # consecutive free ports offered to the agent
 CANARY_INSTANCES = 2  # a canary takes one instance and never the last stable one
-# Three steps (10 -> 50 -> 100) of 30 s: a demo rollout takes about a minute and a half.
+# Three steps (10 -> 50 -> 100) of 30 s: a demo rollout takes about a minute and a half. At the
+# demo traffic's 4 requests/s an interval analyses about 100 requests, so the 10% canary gets
+# about 10: asking 10 would extend the first step about every other time, 5 one time in 40.
 ROLLOUT_INTERVAL_S = 30.0
-ROLLOUT_MIN_REQUESTS = 10
+ROLLOUT_MIN_REQUESTS = 5
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class DemoStack:
         timeout_s: float = 600.0,
         say: Callable[[str], None] = print,
         *,
-        traffic_rps: float = 4.0,
+        traffic_rps: float = DEFAULT_RPS,
     ) -> None:
         self.data_dir = data_dir
         self.port = port
@@ -213,12 +215,10 @@ class DemoStack:
         return port
 
     def _start_gateway(self, api: ControlPlaneClient, env: dict[str, str]) -> tuple[str, str]:
-        """Start the gateway and wait until a chat completion through it succeeds.
+        """Start the gateway; returns its OpenAI base URL and the client token the demo prints.
 
-        Returns its OpenAI base URL and the client token the demo prints.
+        It routes only to ready instances, so it may start while the engines load.
         """
-        import httpx
-
         from protocol.rest import TokenCreate
 
         def mint(role: Literal["gateway", "client"]) -> Callable[[], str]:
@@ -235,7 +235,12 @@ class DemoStack:
                        str(self.data_dir / "gateway-token"), "--port", str(port)),
             env,
         )  # fmt: skip
-        base_url = f"http://127.0.0.1:{port}/v1"
+        return f"http://127.0.0.1:{port}/v1", client_key
+
+    def _wait_until_gateway_serves(self, base_url: str, client_key: str) -> None:
+        """Wait until a chat completion through the gateway succeeds."""
+        import httpx
+
         probe = {"model": DEPLOYMENT, "messages": [{"role": "user", "content": "Hi"}],
                  "max_tokens": 1}  # fmt: skip
 
@@ -250,7 +255,6 @@ class DemoStack:
             return reply.status_code == 200
 
         self._wait_for("a request through the gateway to succeed", serves, 120)
-        return base_url, client_key
 
     def _engine_ports(self) -> tuple[int, int]:
         """The ports offered to the agent: those of an earlier run when still free, so the
@@ -312,6 +316,8 @@ class DemoStack:
         if current.rollout_policy != policy:
             # DeploymentCreate has no policy: a new deployment gets it here.
             change["rollout_policy"] = policy
+        if change.keys() & {"instances_per_host", "gpus_per_instance"}:
+            self.say(f"bringing {DEPLOYMENT!r} (from an earlier run) to {instances} instance(s)")
         if change:
             api.update_deployment(DEPLOYMENT, DeploymentUpdate(**change))
         return instances
@@ -399,6 +405,7 @@ class DemoStack:
 
         self._wait_for(f"host {host} to register and report its GPUs", registered, 300)
         wanted = self._deploy(api, host)
+        base_url, client_key = self._start_gateway(api, env)
         ready_instances: list[tuple[int, int]] = []  # (instance id, port), oldest first
 
         def instances_ready() -> bool:
@@ -416,7 +423,7 @@ class DemoStack:
 
         self.say(f"waiting for {wanted} engine(s) to load the model and become ready")
         self._wait_for("the demo instances to become ready", instances_ready, self.timeout_s)
-        base_url, client_key = self._start_gateway(api, env)
+        self._wait_until_gateway_serves(base_url, client_key)
         api.close()
         if self.traffic_rps > 0:
             self._traffic = DemoTraffic(base_url, client_key, self.traffic_rps, say=self.say)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import httpx
+if TYPE_CHECKING:
+    import httpx  # imported where used: `dctl --help` need not load it
 
 # General questions in the register of the trained demo model (King James Bible), taken in turn.
 PROMPTS = (
@@ -23,8 +25,8 @@ PROMPTS = (
     "What does a good ruler do?",
 )
 MAX_TOKENS = 8
+DEFAULT_RPS = 4.0
 FAILURES_PER_LOG_LINE = 100
-MAX_RPS = 50.0
 
 
 class DemoTraffic:
@@ -45,8 +47,8 @@ class DemoTraffic:
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if not 0 < rps <= MAX_RPS:
-            raise ValueError(f"rps must be in (0, {MAX_RPS:g}], not {rps:g}")
+        if not rps > 0:
+            raise ValueError(f"rps must be positive, not {rps:g}")
         self.url = f"{base_url.rstrip('/')}/chat/completions"
         self.api_key = api_key
         self.period_s = 1.0 / rps
@@ -71,6 +73,8 @@ class DemoTraffic:
             self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        import httpx
+
         client = httpx.Client(
             headers={"Authorization": f"Bearer {self.api_key}"},
             timeout=self.timeout_s,
@@ -89,6 +93,8 @@ class DemoTraffic:
 
     def _send(self, client: httpx.Client, prompt: str) -> str | None:
         """One request; None when it succeeded, else why it failed."""
+        import httpx
+
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],

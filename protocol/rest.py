@@ -65,6 +65,10 @@ class InstanceOut(ApiModel):
     last_exit: ExitInfo | None
     message: str
     observed_at: datetime | None
+    observed_digest: str | None = Field(default=None, description="the snapshot it reports")
+    on_version: bool = Field(
+        default=False, description="it reports its version's digest: it runs what it should"
+    )
 
 
 class HostOut(ApiModel):

@@ -30,7 +30,7 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
     Never their API keys: those go to the instance's own agent (and gateways) only.
     """
     rows = session.exec(
-        select(Instance, Deployment.name, Host.name, ModelVersion.version)
+        select(Instance, Deployment.name, Host.name, ModelVersion)
         .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
         .join(Host, col(Host.id) == col(Instance.host_id))
         .join(ModelVersion, col(ModelVersion.id) == col(Instance.version_id))
@@ -42,7 +42,7 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             id=inst.id or 0,
             deployment=dep,
             host=host,
-            version=version,
+            version=version.version,
             port=inst.port,
             gpu_indices=list(inst.gpu_indices),
             desired_state=inst.desired_state,
@@ -52,6 +52,8 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             last_exit=ExitInfo(**inst.last_exit) if inst.last_exit else None,
             message=inst.message,
             observed_at=inst.observed_at,
+            observed_digest=inst.observed_digest,
+            on_version=inst.observed_digest == version.digest,
         )
         for inst, dep, host, version in rows
     ]

@@ -46,6 +46,8 @@ log = logging.getLogger("controlplane.rollouts")
 ACTOR = "controller:rollouts"
 # Longer than this between two rounds means no leader ran: the gap does not count as step time.
 LEADERLESS_GAP = timedelta(seconds=3)
+# How long after a weight change the analysis starts counting (gateways poll every second).
+WEIGHT_SETTLE = timedelta(seconds=2)
 STOPPED_STATES = {InstanceState.STOPPED.value, InstanceState.FAILED.value}
 
 
@@ -156,7 +158,9 @@ class RolloutController:
         rollout.spec = {
             **rollout.spec,
             "restarts_at": tr.canary_restarts(session, rollout),
-            "interval_since": now.isoformat(),
+            # Gateways pick the new weight up at their next poll of the routing table: what
+            # they served before that is not this step's split.
+            "interval_since": (now + WEIGHT_SETTLE).isoformat(),
         }
         record_event(
             session,
@@ -178,8 +182,8 @@ class RolloutController:
         assert rollout.step_started_at is not None
         if now < rollout.step_started_at + tr.interval_of(rollout):
             return
-        since = datetime.fromisoformat(rollout.spec.get("interval_since", now.isoformat()))
-        since = min(since, rollout.step_started_at)
+        saved = rollout.spec.get("interval_since")
+        since = datetime.fromisoformat(saved) if saved else rollout.step_started_at
         # The engines' figures come in 10 s buckets labelled by their start: the one the
         # interval starts in counts too (decoding speed does not depend on the weight).
         traffic = deployment_traffic(
@@ -208,12 +212,15 @@ class RolloutController:
             tr.policy_of(rollout),
         )
         rollout.analysis = [*rollout.analysis, result.model_dump(mode="json")]
-        rollout.spec = {
-            **rollout.spec,
-            "restarts_at": restarts_now,
-            "interval_since": now.isoformat(),
-        }
-        rollout.step_started_at = now  # a new interval, unless the step ends below
+        if result.verdict != "inconclusive":
+            # A new interval starts; an inconclusive one is extended instead, so the data it
+            # had counts at the next analysis too.
+            rollout.spec = {
+                **rollout.spec,
+                "restarts_at": restarts_now,
+                "interval_since": now.isoformat(),
+            }
+        rollout.step_started_at = now  # the next analysis is an interval from now
         policy = tr.policy_of(rollout)
         if result.verdict == "fail":
             rollout.failures += 1

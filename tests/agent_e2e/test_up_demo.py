@@ -1,7 +1,9 @@
-"""`dctl up --demo`: one command brings up control plane, agent and engine; Ctrl-C stops all."""
+"""`dctl up --demo`: one command brings up control plane, agent, engines and gateway, ready for
+a canary rollout, with demo traffic; Ctrl-C stops all."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,9 +14,12 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
+from cli.demo_traffic import PROMPTS, DemoTraffic
 from client.credentials import CredentialsFile
-from tests.agent_e2e.conftest import free_port
+from client.http import ControlPlaneClient
+from tests.agent_e2e.conftest import free_port, wait_for
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -29,6 +34,43 @@ def _processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def test_demo_traffic_sends_the_prompts_in_turn_and_logs_failures_sparingly() -> None:
+    bodies: list[dict[str, object]] = []
+    enough = threading.Event()
+
+    def gateway(request: httpx.Request) -> httpx.Response:
+        assert request.url == "http://gw/v1/chat/completions"
+        assert request.headers["Authorization"] == "Bearer client-key"
+        bodies.append(json.loads(request.content))
+        if len(bodies) >= 110:
+            enough.set()
+        if len(bodies) <= len(PROMPTS):
+            return httpx.Response(200, json={"choices": []})
+        if len(bodies) % 2:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(503, json={"error": {"message": "no ready instance"}})
+
+    lines: list[str] = []
+    traffic = DemoTraffic("http://gw/v1", "client-key", rps=1000, say=lines.append,
+                          transport=httpx.MockTransport(gateway))  # fmt: skip
+    traffic.start()
+    try:
+        assert enough.wait(30)
+    finally:
+        traffic.stop()
+    assert traffic.sent == len(bodies)
+    assert [b["messages"] for b in bodies[: len(PROMPTS)]] == [
+        [{"role": "user", "content": p}] for p in PROMPTS
+    ]
+    assert bodies[len(PROMPTS)]["messages"] == bodies[0]["messages"]  # round and round
+    assert {(b["model"], b["max_tokens"]) for b in bodies} == {("demo", 8)}
+    assert traffic.failed == len(bodies) - len(PROMPTS) >= 101
+    # The first failure and the 101st: one line per hundred at most.
+    assert len(lines) == 2, lines
+    assert lines[0] == "demo traffic: 1 of 7 requests failed so far (last: ConnectError: refused)"
+    assert lines[1].startswith("demo traffic: 101 of 107 requests failed so far")
 
 
 def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path) -> None:
@@ -90,18 +132,50 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
         )
         assert direct.status_code == 200 and direct.json()["data"][0]["id"] == "demo"
         assert "dctl status" in output and "dctl tui" in output and "curl " in output
+        try_lines = output.split("\nTry:\n", 1)[1].splitlines()
+        rollout = [line.split("#")[0].strip() for line in try_lines[1:5]]
+        assert rollout == [  # no --random: the trained model, whose v2 keeps v1's weights
+            "dctl model create-demo ./demo-v2 --seed 2 && dctl model register demo:v2 ./demo-v2",
+            "dctl rollout demo --to demo:v2 --canary 10% --wait",
+            "dctl rollout status demo --watch",
+            "dctl rollback demo",
+        ], output
+        assert "~1.5 min: 10% -> 50% -> 100%" in try_lines[2]
+        assert "Demo traffic: 4 requests/s through the gateway" in output
         if os.geteuid() == 0:
             assert output.count("running as root") == 1
         _, contexts = CredentialsFile(credentials).load()
         assert contexts["demo"].url == "http://10.0.0.1:8700"  # never overwritten
         assert credentials.read_text().startswith(original)
         assert contexts["demo-2"].url == f"http://127.0.0.1:{port}"
-        api = httpx.get(
-            f"http://127.0.0.1:{port}/api/v1/deployments/demo",
-            headers={"Authorization": f"Bearer {contexts['demo-2'].token}"},
-        )
-        assert api.json()["instances"][0]["observed_state"] == "ready"
-        assert _processes_mentioning(str(data_dir))  # server, agent and engine are running
+        with ControlPlaneClient(f"http://127.0.0.1:{port}", contexts["demo-2"].token) as api:
+            deployment = api.get_deployment("demo")
+            # Room for a canary: two instances on the fake 2xH200 host, one GPU each.
+            assert sorted(i.gpu_indices for i in deployment.instances) == [[0], [1]]
+            assert {i.observed_state for i in deployment.instances} == {"ready"}
+            assert deployment.engine_config["resources"]["threads"] == max(
+                1, (os.cpu_count() or 1) // 2
+            )
+            assert deployment.rollout_policy.interval_s == 30
+            assert deployment.rollout_policy.min_requests == 5
+
+        def demo_requests_served() -> float:
+            # The gateway's own counter: at once, where its reports reach the control plane
+            # (which the rollout analysis reads) every 5 s.
+            metrics = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=10).text
+            served = sum(
+                sample.value
+                for family in text_string_to_metric_families(metrics)
+                for sample in family.samples
+                if sample.name == "dctl_gateway_requests_total"
+                and sample.labels.get("deployment") == "demo"
+                and sample.labels.get("code") == "200"
+            )
+            # More than this test and the demo's start-up probe sent themselves.
+            return served if served >= 8 else 0
+
+        wait_for("the demo traffic to reach the gateway", demo_requests_served, 20)
+        assert _processes_mentioning(str(data_dir))  # server, agent and engines are running
     finally:
         up.send_signal(signal.SIGINT)
         code = up.wait(timeout=90)

@@ -457,3 +457,19 @@ def test_an_engine_config_alone_rolls_out_as_the_same_weights_under_a_new_tag(
     assert status(api).state == "promoted"
     shown = api.as_admin("GET", f"{V}/deployments/web").json()
     assert shown["engine_config"] == config and shown["version"] == to.split(":")[1]
+
+
+def test_an_extended_step_keeps_the_data_it_had(api: Api, fleet: tuple[str, str]) -> None:
+    agent, gateway = fleet
+    assert start(api, steps=[50, 100]).status_code == 201
+    tick(api)
+    ready_round(api, agent)
+    serve_interval(api, agent, gateway, stable=(1, 0), canary=(1, 0))  # 6 + 6: too few
+    out = status(api)
+    assert [a.verdict for a in out.analyses] == ["inconclusive"]
+    serve_interval(api, agent, gateway, stable=(1, 0), canary=(1, 0))  # 12 + 12 over both
+    out = status(api)
+    assert [a.verdict for a in out.analyses] == ["inconclusive", "pass"]
+    assert (out.analyses[1].canary_requests, out.analyses[1].since) == (
+        12, out.analyses[0].since,
+    )  # fmt: skip

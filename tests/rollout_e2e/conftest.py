@@ -104,7 +104,8 @@ class RolloutFleet:
         def ready() -> bool:
             instances = self.api.get_deployment("demo").instances
             return len(instances) == 2 and all(
-                i.version == version and i.observed_state == "ready" for i in instances
+                i.version == version and i.observed_state == "ready" and i.on_version
+                for i in instances
             )
 
         try:
@@ -113,7 +114,8 @@ class RolloutFleet:
             raise AssertionError(f"{exc}\n{self.fleet.stack.diagnostics()}") from None
 
 
-@pytest.fixture(scope="session")
+# Module scope: the load stops with the module, not in the middle of other tests' logs.
+@pytest.fixture(scope="module")
 def rollout_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFleet]:
     home = tmp_path_factory.mktemp("rofleet")
     stack = boot_stack(home, HOST)
