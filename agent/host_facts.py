@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.gpu import GpuSnapshot
-from protocol.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck
+from protocol.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck, SnapshotFailure
 
 
 def default_host_name() -> str:
@@ -65,6 +65,8 @@ def host_facts(
     preflight: list[PreflightCheck],
     data_dir: Path,
     engine_tls: bool = False,
+    snapshots: list[str] | None = None,
+    snapshot_failures: list[SnapshotFailure] | None = None,
 ) -> HostFacts:
     """Slow-changing facts about this host, with the preflight results and whether its engines
     serve HTTPS."""
@@ -84,6 +86,8 @@ def host_facts(
         disk_free_bytes=shutil.disk_usage(data_dir).free,
         preflight=preflight,
         engine_tls=engine_tls,
+        snapshots=sorted(snapshots or [])[:256],
+        snapshot_failures=(snapshot_failures or [])[:16],
     )
 
 

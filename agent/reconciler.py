@@ -21,7 +21,13 @@ from agent.preflight import PreflightReport
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
-from protocol.wire import DesiredInstance, DesiredInstanceState, InstanceState, ObservedInstance
+from protocol.wire import (
+    DesiredInstance,
+    DesiredInstanceState,
+    InstanceState,
+    ModelVersionRef,
+    ObservedInstance,
+)
 
 log = logging.getLogger("dctl.agent")
 
@@ -80,7 +86,10 @@ class Reconciler:
             self.supervisor.stop(instance_id, remove=True)
         for instance_id in [i for i in self._waiting if i not in wanted]:
             del self._waiting[instance_id]
+        for ref in reply.prefetch:
+            self._prefetch(ref)
         in_use = {d.model.digest for d in reply.instances} | set(reply.keep_digests)
+        in_use |= {r.digest for r in reply.prefetch}
         for instance_id in self.supervisor.instance_ids():
             running = self.supervisor.spec_of(instance_id)
             if running is not None:
@@ -169,15 +178,28 @@ class Reconciler:
             tls_key=self.engine_tls[1] if self.engine_tls else None,
         )
 
+    def _prefetch(self, ref: ModelVersionRef) -> None:
+        """Fetch and verify a snapshot no instance runs yet (a rollout's pre-staging)."""
+        if self.store.has(ref.digest) or self.fetcher.refusal(ref.digest) is not None:
+            return
+        try:
+            self._fetch(ref)
+        except ForeignUrl as exc:
+            log.error("snapshot %s not pre-staged: %s", ref.digest[:12], exc)
+
     def _start_fetch(self, desired: DesiredInstance) -> None:
-        """Queue the snapshot's fetch; raises `ForeignUrl` for a files_url off the control plane.
+        """Queue the snapshot's fetch of a desired instance's version."""
+        self._fetch(desired.model)
+
+    def _fetch(self, model: ModelVersionRef) -> None:
+        """Queue a snapshot's fetch; raises `ForeignUrl` for a files_url off the control plane.
 
         The agent token goes only to the control plane it was issued by, so a files_url is
         resolved against the configured control-plane URL and checked before any request.
         """
-        files_url = desired.model.files_url
+        files_url = model.files_url
         if files_url:
             files_url = files_url_on(self.control_plane, files_url)
         token = self.token()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.fetcher.start(desired.model, files_url, headers)
+        self.fetcher.start(model, files_url, headers)

@@ -42,6 +42,7 @@ from protocol.wire import (
     InstanceState,
     ObservedInstance,
     RegisterRequest,
+    SnapshotFailure,
 )
 
 log = logging.getLogger("dctl.agent")
@@ -176,9 +177,15 @@ class Agent:
 
     def facts(self, sample: GpuSnapshot | None) -> HostFacts:
         """Slow-changing facts about this host, with the preflight results."""
+        failures = [
+            SnapshotFailure(digest=p.digest, error=p.error)
+            for p in self.fetcher.progress()
+            if p.state == "failed"
+        ]
         return host_facts(
             self.selection.kind, sample, self.preflight.checks, self.store.root,
             engine_tls=self.config.engine_tls is not None,
+            snapshots=self.store.digests(), snapshot_failures=failures,
         )  # fmt: skip
 
     # --- heartbeat ---------------------------------------------------------------------------
@@ -232,7 +239,8 @@ class Agent:
             self._outage_since = None
         self.metrics.heartbeats.labels(result="ok").inc()
         self.engine_metrics.acknowledge()
-        self.fetcher.reported(reported_ready, {d.model.digest for d in reply.instances})
+        wanted = {d.model.digest for d in reply.instances} | {r.digest for r in reply.prefetch}
+        self.fetcher.reported(reported_ready, wanted)
         self.interval_s = reply.heartbeat_interval_s
         self.last_reply = reply
         self.reconcile(reply)

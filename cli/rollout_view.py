@@ -164,6 +164,11 @@ def status_text(rollout: RolloutOut) -> str:
         "instances": _ready(rollout),
         "reason": rollout.reason,
     }
+    if rollout.staging:
+        # Pre-staging: the new snapshot fetched and verified on every host before step 1.
+        fields["staging"] = ", ".join(
+            f"{s.host} {s.state}" + (f" ({s.error})" if s.error else "") for s in rollout.staging
+        )
     text = _captured(lambda: print_fields(fields, [(name, name) for name in fields]))
     if rollout.analysis is not None:
         text += "\n" + analysis_text(rollout.analysis)

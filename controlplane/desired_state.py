@@ -59,9 +59,6 @@ def desired_instances(
     canary_configs = _canary_configs(conn, {r.deployment_id for r in rows})
     desired = []
     for r in rows:
-        files_url = None
-        if local_source_dir(r.source_uri) is not None:
-            files_url = f"/api/v1/models/{r.model}/versions/{r.version}/files/"
         desired.append(
             DesiredInstance(
                 instance_id=r.id,
@@ -74,19 +71,54 @@ def desired_instances(
                 bind_address=bind_address,
                 # An instance without a key ("") is served without one.
                 api_key=r.api_key or None,
-                model=ModelVersionRef(
-                    name=r.model,
-                    version=r.version,
-                    digest=r.digest,
-                    line=r.line,
-                    manifest=Manifest(files=r.manifest),
-                    source_uri=r.source_uri,
-                    files_url=files_url,
-                    memory_plan=MemoryPlan(**r.memory_plan) if r.memory_plan else None,
-                ),
+                model=_model_ref(r),
             )
         )
     return desired
+
+
+def _model_ref(r: Any) -> ModelVersionRef:
+    """A version row (model, version, digest, line, manifest, source_uri, memory_plan) as the
+    agent gets it; weights on the control plane's own disk are offered under `files_url`."""
+    files_url = None
+    if local_source_dir(r.source_uri) is not None:
+        files_url = f"/api/v1/models/{r.model}/versions/{r.version}/files/"
+    return ModelVersionRef(
+        name=r.model,
+        version=r.version,
+        digest=r.digest,
+        line=r.line,
+        manifest=Manifest(files=r.manifest),
+        source_uri=r.source_uri,
+        files_url=files_url,
+        memory_plan=MemoryPlan(**r.memory_plan) if r.memory_plan else None,
+    )
+
+
+def prefetch(conn: Connection, host_id: int) -> list[ModelVersionRef]:
+    """Versions host `host_id` fetches ahead of time: those of the rollouts pre-staging on the
+    deployments that have an instance there."""
+    deployments = select(col(Instance.deployment_id)).where(col(Instance.host_id) == host_id)
+    rows = conn.execute(
+        select(
+            col(Model.name).label("model"),
+            col(VersionRow.version),
+            col(VersionRow.digest),
+            col(VersionRow.line),
+            col(VersionRow.manifest),
+            col(VersionRow.source_uri),
+            col(VersionRow.memory_plan),
+        )
+        .select_from(Rollout)
+        .join(VersionRow, col(VersionRow.id) == col(Rollout.to_version_id))
+        .join(Model, col(Model.id) == col(VersionRow.model_id))
+        .where(
+            col(Rollout.deployment_id).in_(deployments),
+            col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
+            col(Rollout.phase) == "staging",
+        )
+    ).all()
+    return [_model_ref(r) for r in rows]
 
 
 def _canary_configs(

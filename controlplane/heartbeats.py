@@ -40,7 +40,7 @@ from controlplane.auth import (
     touch_last_used,
 )
 from controlplane.db import session_scope
-from controlplane.desired_state import desired_instances, keep_digests
+from controlplane.desired_state import desired_instances, keep_digests, prefetch
 from controlplane.observed_state import HostMemory, ObservedStateWriter
 from controlplane.ratelimit import MAX_TRACKED_HOSTS, HeartbeatRateLimit
 from controlplane.samples import HostSampleBucket
@@ -234,10 +234,11 @@ class HeartbeatService:
                 with self._engine.connect() as conn:
                     desired = desired_instances(conn, host_id, recorded.advertise_address)
                     memory.keep_digests = keep_digests(conn, host_id)
+                    memory.prefetch = prefetch(conn, host_id)
                 memory.desired_json = _DESIRED_LIST.dump_json(desired)
                 memory.desired_generation = recorded.generation
             desired_json = memory.desired_json
-            keep = memory.keep_digests
+            keep, fetch = memory.keep_digests, memory.prefetch
         head = _REPLY.dump_json(
             HeartbeatReply(
                 generation=recorded.generation,
@@ -247,6 +248,7 @@ class HeartbeatService:
                 heartbeat_interval_s=recorded.interval_s,
                 server_time=now,
                 keep_digests=keep,
+                prefetch=fetch,
             ),
             exclude={"instances"},
         )

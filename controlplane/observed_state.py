@@ -28,7 +28,7 @@ from controlplane.auth import Principal, TokenRefused
 from controlplane.desired_state import DEFAULT_BIND_ADDRESS
 from controlplane.models import Deployment, Event, Gpu, Instance, UTCDateTime
 from controlplane.samples import HostSampleBucket
-from protocol.wire import GpuStatus, Heartbeat, HostState
+from protocol.wire import GpuStatus, Heartbeat, HostState, ModelVersionRef
 
 _GPU_LIST = TypeAdapter(list[GpuStatus])
 # Instances remembered per host: four heartbeats' worth at most (a host runs far fewer).
@@ -114,6 +114,7 @@ class HostMemory:
     desired_generation: int = -1
     desired_json: bytes = b"[]"
     keep_digests: list[str] = field(default_factory=list)
+    prefetch: list[ModelVersionRef] = field(default_factory=list)
     # Heartbeats of one host are handled one at a time here (the database would queue them on
     # the host row anyway); this keeps the fields above consistent with each other.
     lock: threading.Lock = field(default_factory=threading.Lock)

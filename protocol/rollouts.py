@@ -138,6 +138,14 @@ class InstanceProgress(ApiModel):
     restarts: int
 
 
+class HostStaging(ApiModel):
+    """Pre-staging of the new snapshot on one host of the deployment."""
+
+    host: str
+    state: Literal["fetching", "ready", "failed"]
+    error: str = ""
+
+
 class RolloutOut(ApiModel):
     """A rollout, rollback or restart as it stands. Serialised with `from` (a Python keyword:
     the field is `from_`); `dctl rollout status --json` prints this object."""
@@ -154,7 +162,9 @@ class RolloutOut(ApiModel):
     from_: str = Field(alias="from", description="MODEL:VERSION before")
     to: str = Field(description="MODEL:VERSION after")
     engine_config_changed: bool
-    phase: str = Field(description="waiting, analysing, promoting, restarting, done")
+    phase: str = Field(
+        description="staging, waiting, analysing, promoting, restarting, ending, done"
+    )
     canary_instances: int
     canary_ready: int
     stable_ready: int
@@ -166,6 +176,9 @@ class RolloutOut(ApiModel):
     reason: str = Field(description="why it is in its state (abort: the metric and figures)")
     actor: str
     instances: list[InstanceProgress] = Field(default_factory=list)
+    staging: list[HostStaging] = Field(
+        default_factory=list, description="per host, while the new snapshot is pre-staged"
+    )
     created_at: datetime
     updated_at: datetime
 

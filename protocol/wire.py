@@ -216,6 +216,13 @@ class PreflightCheck(WireModel):
     reason: str = Field(default="", max_length=1000)
 
 
+class SnapshotFailure(WireModel):
+    """A snapshot the agent could not fetch or verify."""
+
+    digest: Sha256
+    error: str = Field(default="", max_length=1000)
+
+
 class HostFacts(WireModel):
     """Slow-changing facts about the host; the control plane stores them when they change."""
 
@@ -232,6 +239,10 @@ class HostFacts(WireModel):
     # The host's engines serve HTTPS (the agent gives them its engine certificate): whoever
     # connects to them (the gateway) uses https:// and verifies it. Absent from older agents.
     engine_tls: bool = False
+    # Verified weight snapshots the host holds, and those it could not fetch or verify (with
+    # the agent's reason, which names the file): what a rollout's pre-staging waits for.
+    snapshots: list[Sha256] = Field(default_factory=list, max_length=256)
+    snapshot_failures: list[SnapshotFailure] = Field(default_factory=list, max_length=16)
 
     def preflight_ok(self) -> bool:
         """True when no preflight check failed."""
@@ -378,6 +389,8 @@ class HeartbeatReply(WireModel):
     # Snapshots the agent must not prune even when no instance runs them now: the stable
     # versions, rollback targets and canaries of the deployments on this host.
     keep_digests: list[str] = Field(default_factory=list, max_length=1024)
+    # Snapshots to fetch and verify ahead of time (a rollout's pre-staging), run by nothing yet.
+    prefetch: list[ModelVersionRef] = Field(default_factory=list, max_length=64)
 
 
 RegisterRequest.model_rebuild()

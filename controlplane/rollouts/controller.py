@@ -31,7 +31,13 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import ACTIVE_ROLLOUT_STATES, Deployment, Instance, Rollout
+from controlplane.models import (
+    ACTIVE_ROLLOUT_STATES,
+    Deployment,
+    Instance,
+    ModelVersion,
+    Rollout,
+)
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.analysis import Interval, analyse, failing_reason
 from controlplane.rollouts.notify import Notice, Notifier, redacted
@@ -46,8 +52,6 @@ log = logging.getLogger("controlplane.rollouts")
 ACTOR = "controller:rollouts"
 # Longer than this between two rounds means no leader ran: the gap does not count as step time.
 LEADERLESS_GAP = timedelta(seconds=3)
-# How long after a weight change the analysis starts counting (gateways poll every second).
-WEIGHT_SETTLE = timedelta(seconds=2)
 STOPPED_STATES = {InstanceState.STOPPED.value, InstanceState.FAILED.value}
 
 
@@ -116,9 +120,11 @@ class RolloutController:
             if promote == "full" or rollout.phase != "promoting":
                 self._next_step(session, now, rollout, deployment, full=promote == "full")
         # A phase that ends hands over to the next within the same round.
-        for _ in range(3):
+        for _ in range(4):
             phase = rollout.phase
-            if phase == "waiting":
+            if phase == "staging":
+                self._stage(session, now, rollout, deployment)
+            elif phase == "waiting":
                 self._wait_for_canary(session, now, rollout, deployment)
             elif phase == "analysing":
                 self._maybe_analyse(session, now, rollout, deployment)
@@ -126,6 +132,49 @@ class RolloutController:
                 self._promote(session, now, rollout, deployment)
             if rollout.phase == phase or rollout.state != "progressing":
                 break
+
+    def _stage(
+        self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
+    ) -> None:
+        """Wait until every host of the deployment holds the new snapshot, verified; pause with
+        the host and the agent's reason (it names the file) when one cannot get it."""
+        version = session.get(ModelVersion, rollout.to_version_id)
+        assert version is not None
+        label = tr.label(session, rollout.to_version_id)
+        pending = []
+        for host in tr.staging_hosts(session, deployment):
+            state, error = tr.staged(host, version.digest)
+            if state == "failed":
+                reason = f"pre-staging: host {host.name} cannot fetch or verify {label}: {error}"
+                tr.pause(session, now, ACTOR, rollout, reason)
+                record_event(
+                    session,
+                    now,
+                    ACTOR,
+                    "rollout.paused",
+                    tr.subject(deployment),
+                    f"rollout {rollout.id} of deployment {deployment.name} paused: {reason}",
+                    rollout=rollout.id,
+                    host=host.name,
+                )
+                return
+            if state != "ready":
+                pending.append(host.name)
+        if pending:
+            rollout.message = f"pre-staging {label}: waiting for {', '.join(pending)}"
+            return
+        first = self._weights(rollout)[rollout.step_index]
+        rollout.phase = "promoting" if first >= 100 else "waiting"
+        rollout.message = f"{label} is on every host of the deployment, verified"
+        record_event(
+            session,
+            now,
+            ACTOR,
+            "rollout.staged",
+            tr.subject(deployment),
+            f"rollout {rollout.id} of deployment {deployment.name}: {rollout.message}",
+            rollout=rollout.id,
+        )
 
     def _weights(self, rollout: Rollout) -> list[int]:
         return [int(s.get("weight", 0)) for s in rollout.steps]
@@ -158,9 +207,7 @@ class RolloutController:
         rollout.spec = {
             **rollout.spec,
             "restarts_at": tr.canary_restarts(session, rollout),
-            # Gateways pick the new weight up at their next poll of the routing table: what
-            # they served before that is not this step's split.
-            "interval_since": (now + WEIGHT_SETTLE).isoformat(),
+            "interval_since": now.isoformat(),
         }
         record_event(
             session,

@@ -16,8 +16,15 @@ from datetime import datetime, timedelta
 from sqlmodel import Session, col, func, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import ACTIVE_ROLLOUT_STATES, Deployment, Instance, ModelVersion, Rollout
-from controlplane.services.placement import load_versions, replan_deployment
+from controlplane.models import (
+    ACTIVE_ROLLOUT_STATES,
+    Deployment,
+    Host,
+    Instance,
+    ModelVersion,
+    Rollout,
+)
+from controlplane.services.placement import bump_generation, load_versions, replan_deployment
 from protocol.rollout_policy import RolloutPolicy
 from protocol.wire import InstanceState
 
@@ -178,3 +185,26 @@ def active_of(session: Session, deployment_id: int) -> Rollout | None:
         )
         .order_by(col(Rollout.id).desc())
     ).first()
+
+
+def staging_hosts(session: Session, deployment: Deployment) -> list[Host]:
+    """The hosts a rollout of DEPLOYMENT pre-stages on: those its instances run on."""
+    on = select(Instance.host_id).where(Instance.deployment_id == deployment.id)
+    return list(session.exec(select(Host).where(col(Host.id).in_(on)).order_by(col(Host.name))))
+
+
+def staged(host: Host, digest: str) -> tuple[str, str]:
+    """(ready | failed | fetching, error) of snapshot DIGEST on HOST, from its agent's facts."""
+    facts = host.facts or {}
+    if digest in facts.get("snapshots", []):
+        return "ready", ""
+    for failure in facts.get("snapshot_failures", []):
+        if failure.get("digest") == digest:
+            return "failed", str(failure.get("error", ""))
+    return "fetching", ""
+
+
+def stage_hosts(session: Session, rollout: Rollout, deployment: Deployment) -> None:
+    """Tell the deployment's hosts about the rollout (their next heartbeat carries the version
+    to fetch ahead of time)."""
+    bump_generation(session, [h.id for h in staging_hosts(session, deployment) if h.id])

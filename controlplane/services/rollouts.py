@@ -20,6 +20,7 @@ from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
     Analysis,
+    HostStaging,
     InstanceProgress,
     RestartCreate,
     RollbackCreate,
@@ -120,7 +121,7 @@ def start_rollout(
         to_version_id=to_id,
         kind="rollout",
         state="progressing",
-        phase="waiting",
+        phase="staging",
         step_index=0,
         canary_weight=0,
         canary_instances=0,
@@ -140,8 +141,7 @@ def start_rollout(
     )
     session.add(rollout)
     session.flush()
-    if weights[0] >= 100:
-        rollout.phase = "promoting"
+    tr.stage_hosts(session, rollout, deployment)
     record_event(
         session,
         now,
@@ -446,8 +446,15 @@ def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
     canary_ready = tr.ready_count(session, deployment.id, rollout.to_version_id) if active else 0
     stable_ready = tr.ready_count(session, deployment.id, deployment.stable_version_id)
     analyses = [Analysis.model_validate(a) for a in rollout.analysis]
+    staging = []
+    version = session.get(ModelVersion, rollout.to_version_id)
+    if rollout.phase == "staging" and version is not None:
+        for host in tr.staging_hosts(session, deployment):
+            state, error = tr.staged(host, version.digest)
+            staging.append(HostStaging(host=host.name, state=state, error=error))
     weights = [int(s.get("weight", 0)) for s in rollout.steps]
-    step = rollout.step_index + 1 if rollout.phase != "waiting" or rollout.step_index else 0
+    before_first = rollout.phase in ("staging", "waiting") and rollout.step_index == 0
+    step = 0 if before_first else rollout.step_index + 1
     return RolloutOut(
         id=rollout.id or 0,
         deployment=deployment.name,
@@ -471,6 +478,7 @@ def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
         reason=rollout.message,
         actor=rollout.actor,
         instances=instances,
+        staging=staging,
         created_at=rollout.created_at,
         updated_at=rollout.updated_at,
     )

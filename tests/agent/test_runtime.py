@@ -47,6 +47,7 @@ class FakeControlPlane:
         self.refuse_token: str | None = None
         self.generation = 1
         self.keep_digests: list[str] = []
+        self.prefetch: list[ModelVersionRef] = []
 
     def register(self, request: RegisterRequest, bootstrap_token: str) -> RegisterResponse:
         if self.down:
@@ -67,7 +68,7 @@ class FakeControlPlane:
         return DesiredState(
             generation=self.generation, host_id=1, heartbeat_interval_s=1.0,
             server_time=datetime.now(UTC), instances=list(self.instances),
-            keep_digests=list(self.keep_digests),
+            keep_digests=list(self.keep_digests), prefetch=list(self.prefetch),
         )  # fmt: skip
 
 
@@ -303,6 +304,25 @@ def test_snapshots_on_the_keep_list_outlive_pruning(tmp_path: Path) -> None:
     rig.cp.generation += 1
     rig.settle()
     assert first.model.digest not in rig.agent.store.digests()
+
+
+def test_a_prefetched_snapshot_is_fetched_verified_and_reported_without_running(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path)
+    good = desired(checkpoint(tmp_path / "v2", 2), version="v2").model
+    bad_src = checkpoint(tmp_path / "v3", 3)
+    bad = desired(bad_src, version="v3").model
+    (bad_src / "model.safetensors").write_bytes(b"tampered")  # no longer what the manifest says
+    rig.cp.prefetch = [good, bad]
+    rig.settle()
+    rig.settle()
+    assert rig.agent.store.has(good.digest) and not rig.agent.store.has(bad.digest)
+    assert rig.launcher.launched == []  # fetched ahead of time, run by nothing
+    facts = rig.cp.beats[-1].facts
+    assert good.digest in facts.snapshots
+    [failure] = facts.snapshot_failures
+    assert failure.digest == bad.digest and "model.safetensors" in failure.error
 
 
 def test_the_advertise_address_goes_with_registration_and_every_heartbeat(tmp_path: Path) -> None:

@@ -33,7 +33,12 @@ def controller(api: Api) -> RolloutController:
     return rollouts
 
 
-def tick(api: Api, times: int = 1) -> None:
+def tick(api: Api, times: int = 1, held: tuple[str, ...] | None = None) -> None:
+    """Rounds of the controller, after a heartbeat saying which snapshots gpu-1 holds (by
+    default v1's and v2's, so pre-staging passes at once)."""
+    held = (V1_DIGEST, V2_DIGEST) if held is None else held
+    beat(api, api.agent_tokens["gpu-1"], advertise_address=ADDRESS,
+         facts={"snapshots": sorted(held)})  # fmt: skip
     for _ in range(times):
         controller(api).tick(api.clock())
 
@@ -473,3 +478,35 @@ def test_an_extended_step_keeps_the_data_it_had(api: Api, fleet: tuple[str, str]
     assert (out.analyses[1].canary_requests, out.analyses[1].since) == (
         12, out.analyses[0].since,
     )  # fmt: skip
+
+
+def test_the_new_snapshot_is_pre_staged_on_every_host_first(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    agent, _gateway = fleet
+    assert start(api).status_code == 201
+    reply = beat(api, agent, advertise_address=ADDRESS)
+    assert [r["digest"] for r in reply["prefetch"]] == [V2_DIGEST]
+    tick(api, held=(V1_DIGEST,))
+    out = status(api)
+    assert (out.phase, out.step, out.canary_instances) == ("staging", 0, 0)
+    assert [(s.host, s.state) for s in out.staging] == [("gpu-1", "fetching")]
+    assert "waiting for gpu-1" in out.reason and versions(api) == {"v1": 4}
+    tick(api)  # now it holds v2
+    out = status(api)
+    assert (out.phase, out.canary_instances) == ("waiting", 1)
+
+
+def test_a_host_that_cannot_verify_the_snapshot_pauses_the_rollout(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    agent, _gateway = fleet
+    assert start(api).status_code == 201
+    failure = {"digest": V2_DIGEST, "error": "model.safetensors: sha256 mismatch"}
+    beat(api, agent, advertise_address=ADDRESS,
+         facts={"snapshots": [V1_DIGEST], "snapshot_failures": [failure]})  # fmt: skip
+    controller(api).tick(api.clock())
+    out = status(api)
+    assert (out.state, out.phase) == ("paused", "staging")
+    assert "gpu-1" in out.reason and "model.safetensors" in out.reason
+    assert versions(api) == {"v1": 4}  # nothing moved

@@ -34,10 +34,11 @@ BODY = {"model": "demo", "prompt": "Hello", "max_tokens": 4}
 class Answer:
     """One client request through the gateway."""
 
-    time: float
+    time: float  # monotonic
     status: int
     version: str
     seconds: float = 0.0
+    wall: float = 0.0  # time.time(), to compare with the control plane's timestamps
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Load:
                     answer = Answer(
                         time.monotonic(), response.status_code,
                         response.headers.get("x-dctl-version", ""), time.monotonic() - sent,
+                        time.time(),
                     )  # fmt: skip
                 except httpx.HTTPError as exc:
                     answer = Answer(time.monotonic(), 0, type(exc).__name__)
