@@ -161,7 +161,9 @@ def rollout_start(
     failure_limit: int | None = typer.Option(
         None, "--failure-limit", help="Failing analyses in a row that abort the rollout."
     ),
-    surge: int = typer.Option(0, "--surge", help="Extra canary instances allowed."),
+    surge: int = typer.Option(
+        0, "--surge", min=0, help="Canary instances beside stable's where GPUs are free."
+    ),
     notify: str | None = typer.Option(
         None, "--notify", metavar="URL", help="Gets a JSON POST on every change of state."
     ),

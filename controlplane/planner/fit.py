@@ -57,9 +57,11 @@ def draft_host(
     host: HostView,
     kept: list[InstanceView],
     others: list[InstanceView],
+    wanted: int | None = None,
 ) -> HostDraft:
-    """The instances the deployment will have on `host`, with ports and GPUs, or a problem."""
-    wanted = deployment.instances_per_host
+    """The instances the deployment will have on `host` (`wanted`, default its instances per
+    host), with ports and GPUs, or a problem."""
+    wanted = deployment.instances_per_host if wanted is None else wanted
     used_ordinals = {i.ordinal for i in kept}
     new_ordinals = [o for o in range(wanted + len(kept)) if o not in used_ordinals]
     slots = [Slot(host, i.ordinal, i.gpu_indices, current=i, port=i.port) for i in kept]

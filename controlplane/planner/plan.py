@@ -52,16 +52,21 @@ def plan_deployment(
         if host_id not in target_ids:
             plan.changes += [Delete(i.id, host_id) for i in mine]
 
+    # Surge instances go one per host, in host order, on top of the deployment's own.
+    extra = rollout.extra() if rollout is not None else 0
     drafts = []
-    for host in targets:
+    for n, host in enumerate(targets):
+        wanted = deployment.instances_per_host + (
+            extra // len(targets) + (1 if n < extra % len(targets) else 0)
+        )
         mine = own.get(host.id, [])
-        kept, dropped = mine[: deployment.instances_per_host], mine[deployment.instances_per_host :]
+        kept, dropped = mine[:wanted], mine[wanted:]
         plan.changes += [Delete(i.id, host.id) for i in dropped]
         state = STOPPED if host.draining else RUNNING
         plan.changes += [
             UpdateDesiredState(i.id, host.id, state) for i in kept if i.desired_state != state
         ]
-        drafts.append(draft_host(deployment, host, kept, others.get(host.id, [])))
+        drafts.append(draft_host(deployment, host, kept, others.get(host.id, []), wanted))
 
     _choose_versions(deployment, rollout, [s for d in drafts for s in d.slots])
     for draft in drafts:

@@ -75,7 +75,13 @@ class VersionView:
 
 @dataclass(frozen=True)
 class RolloutView:
-    """The part of an active rollout the planner needs: which version, on how many instances."""
+    """The part of an active rollout the planner needs: which version, on how many instances,
+    and how many of those may be extra instances (surge) rather than taken from stable."""
 
     canary_version_id: int
     canary_instances: int
+    surge: int = 0
+
+    def extra(self) -> int:
+        """Instances beyond the deployment's own: surge ones, while the canary needs them."""
+        return max(0, min(self.surge, self.canary_instances))

@@ -184,8 +184,8 @@ class RolloutController:
     ) -> None:
         assert deployment.id is not None
         weight = self._weights(rollout)[rollout.step_index]
-        total = tr.instance_total(session, deployment.id)
-        need = tr.canary_size(weight, total)
+        total = tr.own_total(session, deployment)
+        need = tr.canary_size(weight, total, tr.surge_of(rollout))
         if need < 1:
             tr.end(
                 session,
@@ -327,7 +327,7 @@ class RolloutController:
     ) -> None:
         """All requests to the new pair; one more instance moves each time all are ready."""
         assert deployment.id is not None
-        total = tr.instance_total(session, deployment.id)
+        total = tr.own_total(session, deployment) + tr.surge_of(rollout)
         ready = tr.ready_count(session, deployment.id, rollout.to_version_id)
         if rollout.canary_weight != 100 and ready >= 1:
             tr.set_canary(session, now, ACTOR, rollout, deployment, weight=100)

@@ -31,11 +31,29 @@ from protocol.wire import InstanceState
 FINAL_STATES = ("promoted", "aborted", "rolled_back", "completed")
 
 
-def canary_size(weight: int, total: int) -> int:
-    """Instances a step of WEIGHT percent runs on a deployment of TOTAL instances."""
+def canary_size(weight: int, total: int, surge: int = 0) -> int:
+    """Instances a step of WEIGHT percent runs on a deployment of TOTAL instances of its own,
+    with up to SURGE extra ones: never the last stable one."""
     if weight >= 100:
-        return total
-    return min(max(1, math.ceil(weight * total / 100)), max(total - 1, 0))
+        return total + surge
+    return min(max(1, math.ceil(weight * total / 100)), max(total - 1, 0) + surge)
+
+
+def surge_of(rollout: Rollout) -> int:
+    """Extra canary instances the rollout may run beside the deployment's own."""
+    return int(rollout.spec.get("surge", 0) or 0)
+
+
+def own_total(session: Session, deployment: Deployment) -> int:
+    """The deployment's own instances (surge ones, beyond its instances per host, left out)."""
+    return session.exec(
+        select(func.count())
+        .select_from(Instance)
+        .where(
+            Instance.deployment_id == deployment.id,
+            Instance.ordinal < deployment.instances_per_host,
+        )
+    ).one()
 
 
 def policy_of(rollout: Rollout) -> RolloutPolicy:

@@ -105,6 +105,21 @@ def _plan_one(session: Session, deployment: Deployment) -> tuple[Plan, list[Host
     return plan, hosts
 
 
+def surge_problems(
+    session: Session, deployment: Deployment, version_id: int, surge: int
+) -> list[str]:
+    """Why SURGE extra instances of VERSION_ID would not fit beside the deployment's own (an
+    empty list: they fit). Nothing is written."""
+    view = deployment_view(deployment)
+    hosts = load_hosts(session)
+    rollout = RolloutView(version_id, surge, surge)
+    wanted = [view.stable_version_id, version_id]
+    plan = plan_deployment(
+        view, rollout, hosts, load_instances(session), load_versions(session, wanted)
+    )
+    return [p.message for p in plan.problems]
+
+
 def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
     """Plan and apply every deployment after a host changed (registered, drained, relabelled).
 
@@ -266,7 +281,9 @@ def load_rollouts(
 ) -> dict[int, RolloutView]:
     """What the planner needs of the active rollouts, by deployment id (one query)."""
     return {
-        dep_id: RolloutView(row.to_version_id, row.canary_instances)
+        dep_id: RolloutView(
+            row.to_version_id, row.canary_instances, int(row.spec.get("surge", 0) or 0)
+        )
         for dep_id, row in active_rollouts(session, deployment_ids).items()
     }
 

@@ -16,6 +16,7 @@ from controlplane.rollouts import transitions as tr
 from controlplane.services.deployments import _engine_config, get_deployment
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
+from controlplane.services.placement import surge_problems
 from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
@@ -76,11 +77,6 @@ def start_rollout(
     """Start a rollout: Conflict when one is active, Invalid when the plan cannot run."""
     deployment = _locked(session, name)
     assert deployment.id is not None
-    if spec.surge:
-        raise Invalid(
-            "surge (extra canary instances on free GPUs) is not available yet: the canary takes "
-            f"instances from stable; scale deployment {name} up for room instead"
-        )
     _refuse_if_busy(session, deployment)
     to_id = deployment.stable_version_id
     if spec.to is not None:
@@ -99,13 +95,20 @@ def start_rollout(
                 "name another version with --to, or give a new --engine-config"
             )
         to_id = _config_version(session, now, to_id, config)
-    total = tr.instance_total(session, deployment.id)
-    if total < 2:
+    total = tr.own_total(session, deployment)
+    if total < 2 and spec.surge == 0:
         raise Invalid(
             f"deployment {name} runs {total} instance(s): a canary needs one beside at least one "
-            f"stable instance. Scale it first (`dctl deploy scale {name} 2`, or more hosts); "
-            "--surge (extra instances on free GPUs) is not available yet"
+            f"stable instance. Add --surge 1 (an extra instance where GPUs are free) or scale "
+            f"it first (`dctl deploy scale {name} 2`, or more hosts)"
         )
+    if spec.surge:
+        problems = surge_problems(session, deployment, to_id, spec.surge)
+        if problems:
+            raise Invalid(
+                f"--surge {spec.surge}: no room for {spec.surge} extra instance(s) of deployment "
+                f"{name}: {'; '.join(problems)}"
+            )
     # The rollout's own thresholds, else the deployment's, else the built-in defaults.
     policy = RolloutPolicy.model_validate(
         {

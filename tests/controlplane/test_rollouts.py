@@ -305,10 +305,10 @@ def test_bad_rollouts_are_refused_with_what_to_do(api: Api, fleet: tuple[str, st
     assert "last step must be 100" in refused(422, steps=[10, 50])
     assert "must rise" in refused(422, steps=[50, 10, 100])
     assert "needs a new version" in refused(422, to=None)
-    assert "not available yet" in refused(422, surge=1)
     scale = api.as_admin("PATCH", f"{V}/deployments/web", json={"instances_per_host": 1})
     assert scale.status_code == 200
-    assert "dctl deploy scale web 2" in refused(422)
+    message = refused(422)
+    assert "--surge 1" in message and "dctl deploy scale web 2" in message
     missing = api.as_admin("POST", f"{V}/deployments/nosuch/rollout", json={"to": "v2"})
     assert missing.status_code == 404
     none = api.as_admin("GET", f"{V}/deployments/web/rollout")
@@ -510,3 +510,36 @@ def test_a_host_that_cannot_verify_the_snapshot_pauses_the_rollout(
     assert (out.state, out.phase) == ("paused", "staging")
     assert "gpu-1" in out.reason and "model.safetensors" in out.reason
     assert versions(api) == {"v1": 4}  # nothing moved
+
+
+def test_surge_runs_the_canary_beside_a_single_instance_where_gpus_are_free(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    agent, _gateway = fleet
+    one = api.as_admin(
+        "PATCH", f"{V}/deployments/web", json={"instances_per_host": 1, "gpus_per_instance": 4}
+    )
+    assert one.status_code == 200, one.text
+    report(api, agent)
+    made = start(api, surge=1, steps=[50, 100])
+    assert made.status_code == 201, made.text
+    tick(api)
+    # The canary is an extra instance on the 4 free GPUs; the stable one keeps serving.
+    assert versions(api) == {"v1": 1, "v2": 1}
+    gpus = [
+        i["gpu_indices"] for i in api.as_admin("GET", f"{V}/deployments/web").json()["instances"]
+    ]
+    assert sorted(gpus) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    full = api.as_admin("POST", f"{V}/deployments/web/rollout/promote", json={"full": True})
+    assert full.status_code == 200
+    for _ in range(6):
+        ready_round(api, agent)
+    assert status(api).state == "promoted"
+    assert versions(api) == {"v2": 1}  # the surge instance is gone again
+    # No room for another instance: refused, saying why.
+    wide = api.as_admin("PATCH", f"{V}/deployments/web", json={"gpus_per_instance": 8})
+    assert wide.status_code == 200, wide.text
+    report(api, agent)
+    refused = start(api, to="v1", surge=1)
+    assert refused.status_code == 422 and "--surge 1" in refused.json()["message"]
+    assert "GPU" in refused.json()["message"]
