@@ -297,7 +297,7 @@ def rollback(
 
     spec = validated(lambda: RollbackCreate(to=to, all_at_once=all_at_once, reason=reason))
     with connect() as api:
-        _started(api, api.rollback(deployment, spec), no_wait, as_json)
+        _started(api, api.rollback(deployment, spec), no_wait, as_json, rollback=True)
 
 
 def restart(
@@ -316,14 +316,20 @@ def restart(
         _started(api, api.restart(deployment, spec), no_wait, as_json)
 
 
-def _started(api: ControlPlaneClient, created: RolloutOut, no_wait: bool, as_json: bool) -> None:
+def _started(
+    api: ControlPlaneClient,
+    created: RolloutOut,
+    no_wait: bool,
+    as_json: bool,
+    rollback: bool = False,
+) -> None:
     if no_wait:
         if as_json:
             print_json(created.as_json())
         else:
             sys.stdout.write(started_text(created))
         return
-    _finish(api, created, _quiet if as_json else _progress, as_json)
+    _finish(api, created, _quiet if as_json else _progress, as_json, rollback=rollback)
 
 
 def follow(
@@ -349,13 +355,15 @@ def follow(
         before, now = now, fetch()
 
 
-def _finish(api: ControlPlaneClient, first: RolloutOut, show: Show, as_json: bool) -> None:
+def _finish(
+    api: ControlPlaneClient, first: RolloutOut, show: Show, as_json: bool, rollback: bool = False
+) -> None:
     """Follow FIRST to its end (Ctrl-C: typer exits 130), print it as JSON if asked, and exit
-    with the code its final state means."""
+    with the code its final state means (for `dctl rollback`, a rollout it ended counts)."""
     final = follow(first, lambda: api.rollout_by_id(first.deployment, first.id), show)
     if as_json:
         print_json(final.as_json())
-    raise typer.Exit(exit_code(final))
+    raise typer.Exit(exit_code(final, rollback=rollback))
 
 
 def _change(rollout: RolloutOut) -> dict[str, Any]:

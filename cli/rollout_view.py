@@ -24,13 +24,14 @@ def is_final(rollout: RolloutOut) -> bool:
     return rollout.state not in ACTIVE_STATES
 
 
-def exit_code(rollout: RolloutOut) -> int:
+def exit_code(rollout: RolloutOut, rollback: bool = False) -> int:
     """0 when a finished record did what was asked, else 1.
 
     A rollout succeeds only by promotion. A rollback or restart has nothing to promote, so it
-    succeeds by ending at all, unless it was aborted (an instance never came back).
+    succeeds by ending at all, unless it was aborted (an instance never came back). For
+    `dctl rollback` during a rollout, that rollout ending rolled back is the success.
     """
-    if rollout.state == "promoted":
+    if rollout.state == "promoted" or (rollback and rollout.state == "rolled_back"):
         return OK
     if rollout.kind == "rollout":
         return FAILURE

@@ -517,3 +517,11 @@ def test_configure_sends_the_policy_and_show_shows_it(
 def test_configure_without_a_change_names_all_three_flags(offline: Dctl) -> None:
     stderr = error(offline("deploy", "configure", "demo"), USAGE)
     assert all(f in stderr for f in ("--engine-config", "--gpus-per-instance", "--rollout-policy"))
+
+
+def test_a_rollback_that_ends_an_active_rollout_is_a_success() -> None:
+    from cli.rollout_view import exit_code
+
+    ended = RolloutOut.model_validate(record(kind="rollout", state="rolled_back"))
+    assert exit_code(ended, rollback=True) == 0
+    assert exit_code(ended) == 1  # but `rollout --wait` on it failed to promote
