@@ -141,10 +141,10 @@ def _canary_configs(
     return {(r[0], r[1]): r[2] for r in rows if r[2] is not None}
 
 
-def keep_digests(conn: Connection, host_id: int) -> list[str]:
-    """Digests host `host_id` must keep: of each deployment with an instance there, the stable
+def keep_version_ids(conn: Connection, host_id: int) -> set[int]:
+    """Versions host `host_id` keeps: of each deployment with an instance there, the stable
     version, the rollback target and an active rollout's version (so a rollback or an abort
-    finds its snapshot on the host, with nothing to download)."""
+    finds its snapshot on the host, with nothing to download, and a rollout can pre-stage)."""
     deployments = select(col(Instance.deployment_id)).where(col(Instance.host_id) == host_id)
     rows = conn.execute(
         select(col(Deployment.stable_version_id), col(Deployment.rollback_version_id)).where(
@@ -160,6 +160,12 @@ def keep_digests(conn: Connection, host_id: int) -> list[str]:
             )
         ).scalars()
     )
+    return ids
+
+
+def keep_digests(conn: Connection, host_id: int) -> list[str]:
+    """The digests of `keep_version_ids`: what the host's agent must not prune."""
+    ids = keep_version_ids(conn, host_id)
     if not ids:
         return []
     digests = conn.execute(

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 
 from sqlmodel import Session, col, select
 
+from controlplane.desired_state import keep_version_ids
 from controlplane.eventlog import record_event
 from controlplane.model_files import locate_in_roots
 from controlplane.models import Instance, Model, ModelVersion
@@ -187,15 +188,13 @@ def source_file(session: Session, name: str, version: str, path: str) -> SourceF
 
 
 def versions_visible_to_host(session: Session, host_id: int) -> set[int]:
-    """Ids of the versions host `host_id`'s agent may fetch: those its desired state runs.
-
-    Today that is the version of every instance placed on the host; versions a rollout
-    pre-stages there belong here too, since this is the one rule the file route applies.
-    """
+    """Ids of the versions host `host_id`'s agent may fetch: those its instances run, and its
+    keep-list (stable versions, rollback targets and rollouts, pre-staged ones included, of the
+    deployments it serves): nothing else."""
     rows = session.exec(
         select(Instance.version_id).where(Instance.host_id == host_id).distinct()
     ).all()
-    return set(rows)
+    return set(rows) | keep_version_ids(session.connection(), host_id)
 
 
 def ensure_host_may_fetch(session: Session, host_id: int | None, name: str, version: str) -> None:

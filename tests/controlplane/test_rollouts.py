@@ -543,3 +543,15 @@ def test_surge_runs_the_canary_beside_a_single_instance_where_gpus_are_free(
     refused = start(api, to="v1", surge=1)
     assert refused.status_code == 422 and "--surge 1" in refused.json()["message"]
     assert "GPU" in refused.json()["message"]
+
+
+def test_a_host_may_download_the_version_it_pre_stages_and_no_other(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    agent, _gateway = fleet
+    other = api.register("gpu-2")["agent_token"]  # a host that serves no instance of web
+    path = f"{V}/models/demo/versions/v2/files/config.json"
+    assert api.call("GET", path, agent).status_code == 403
+    assert start(api).status_code == 201  # staging: no instance runs v2 yet
+    assert api.call("GET", path, agent).status_code != 403
+    assert api.call("GET", path, other).status_code == 403
