@@ -71,6 +71,43 @@ def _locked(session: Session, name: str) -> Deployment:
     return row
 
 
+def _new_record(
+    session: Session,
+    now: datetime,
+    actor: str,
+    deployment: Deployment,
+    kind: str,
+    to_id: int,
+    phase: str,
+    weights: list[int],
+    spec: dict[str, Any],
+    reason: str,
+    engine_config: dict[str, Any] | None = None,
+) -> Rollout:
+    """A new rollout, rollback or restart of DEPLOYMENT for the controller to run (flushed, so
+    it has its id). SPEC is added to the defaults: the built-in policy, controller-managed."""
+    assert deployment.id is not None
+    rollout = Rollout(
+        deployment_id=deployment.id,
+        from_version_id=deployment.stable_version_id,
+        to_version_id=to_id,
+        kind=kind,
+        state="progressing",
+        phase=phase,
+        steps=[{"weight": w} for w in weights],
+        spec={"managed": True, "policy": DEFAULT_POLICY.model_dump(exclude_none=True), **spec},
+        engine_config=engine_config,
+        actor=actor,
+        message=reason,
+        ticked_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    session.add(rollout)
+    session.flush()
+    return rollout
+
+
 def start_rollout(
     session: Session, now: datetime, actor: str, name: str, spec: RolloutCreate
 ) -> Rollout:
@@ -118,32 +155,19 @@ def start_rollout(
         }
     )
     weights = spec.weights()
-    rollout = Rollout(
-        deployment_id=deployment.id,
-        from_version_id=deployment.stable_version_id,
-        to_version_id=to_id,
-        kind="rollout",
-        state="progressing",
-        phase="staging",
-        step_index=0,
-        canary_weight=0,
-        canary_instances=0,
-        steps=[{"weight": w} for w in weights],
-        spec={
-            "managed": True,
-            "policy": policy.model_dump(exclude_none=True),
-            "surge": spec.surge,
-            "from_config": deployment.engine_config,
-        },
-        engine_config=config,
-        actor=actor,
-        message=spec.reason or "started",
-        ticked_at=now,
-        created_at=now,
-        updated_at=now,
+    rollout = _new_record(
+        session,
+        now,
+        actor,
+        deployment,
+        "rollout",
+        to_id,
+        "staging",
+        weights,
+        {"policy": policy.model_dump(exclude_none=True), "surge": spec.surge},
+        spec.reason or "started",
+        config,
     )
-    session.add(rollout)
-    session.flush()
     tr.stage_hosts(session, rollout, deployment)
     record_event(
         session,
@@ -280,29 +304,19 @@ def start_rollback(
         raise Conflict(f"{tr.label(session, target)} is already deployment {name}'s stable version")
     if tr.instance_total(session, deployment.id) == 0:
         raise Conflict(f"deployment {name} has no instances to move")
-    rollout = Rollout(
-        deployment_id=deployment.id,
-        from_version_id=deployment.stable_version_id,
-        to_version_id=target,
-        kind="rollback",
-        state="progressing",
-        phase="promoting",
-        steps=[{"weight": 100}],
-        spec={
-            "managed": True,
-            "all_at_once": spec.all_at_once,
-            "policy": DEFAULT_POLICY.model_dump(exclude_none=True),
-            "from_config": deployment.engine_config,
-        },
-        engine_config=config,
-        actor=actor,
-        message=spec.reason or "rollback",
-        ticked_at=now,
-        created_at=now,
-        updated_at=now,
+    rollout = _new_record(
+        session,
+        now,
+        actor,
+        deployment,
+        "rollback",
+        target,
+        "promoting",
+        [100],
+        {"all_at_once": spec.all_at_once},
+        spec.reason or "rollback",
+        config,
     )
-    session.add(rollout)
-    session.flush()
     record_event(
         session,
         now,
@@ -341,28 +355,18 @@ def start_restart(
     if not rows:
         raise Conflict(f"deployment {name} has no instances to restart")
     queue = [int(r[0]) for r in rows if r[0] is not None]
-    rollout = Rollout(
-        deployment_id=deployment.id,
-        from_version_id=deployment.stable_version_id,
-        to_version_id=deployment.stable_version_id,
-        kind="restart",
-        state="progressing",
-        phase="restarting",
-        steps=[],
-        spec={
-            "managed": True,
-            "queue": queue,
-            "done": [],
-            "policy": DEFAULT_POLICY.model_dump(exclude_none=True),
-        },
-        actor=actor,
-        message=spec.reason or "restart",
-        ticked_at=now,
-        created_at=now,
-        updated_at=now,
+    rollout = _new_record(
+        session,
+        now,
+        actor,
+        deployment,
+        "restart",
+        deployment.stable_version_id,
+        "restarting",
+        [],
+        {"queue": queue, "done": []},
+        spec.reason or "restart",
     )
-    session.add(rollout)
-    session.flush()
     record_event(
         session,
         now,
