@@ -40,7 +40,7 @@ class Interval:
     weight: int
     stable: VersionTraffic | None
     canary: VersionTraffic | None
-    canary_restarts: int  # canary engine restarts during the interval
+    canary_restarts: int  # canary engine restarts since the step began
 
 
 def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:

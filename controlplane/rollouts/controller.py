@@ -41,10 +41,10 @@ from controlplane.models import (
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.analysis import Interval, analyse, failing_reason
 from controlplane.rollouts.notify import Notice, Notifier, redacted
-from controlplane.samples import SAMPLE_BUCKET_S
 from controlplane.services.placement import bump_generation, replan_deployment
 from controlplane.services.traffic import deployment_traffic
 from protocol.gateway import VersionTraffic
+from protocol.rollouts import Analysis
 from protocol.wire import InstanceState
 
 log = logging.getLogger("controlplane.rollouts")
@@ -208,6 +208,7 @@ class RolloutController:
             **rollout.spec,
             "restarts_at": tr.canary_restarts(session, rollout),
             "interval_since": now.isoformat(),
+            "step_since": now.isoformat(),
         }
         record_event(
             session,
@@ -231,44 +232,42 @@ class RolloutController:
             return
         saved = rollout.spec.get("interval_since")
         since = datetime.fromisoformat(saved) if saved else rollout.step_started_at
-        # The engines' figures come in 10 s buckets labelled by their start: the one the
-        # interval starts in counts too (decoding speed does not depend on the weight).
-        traffic = deployment_traffic(
-            session,
-            now,
-            deployment.name,
-            since,
-            now,
-            whole_windows=True,
-            diffusion_since=since - timedelta(seconds=SAMPLE_BUCKET_S),
-        )
+        step_saved = rollout.spec.get("step_since")
+        step_since = datetime.fromisoformat(step_saved) if step_saved else since
+        policy = tr.policy_of(rollout)
         stable_label = tr.label(session, deployment.stable_version_id)
         canary_label = tr.label(session, rollout.to_version_id)
-        by_version: dict[str, VersionTraffic] = {v.version: v for v in traffic.versions}
         restarts_now = tr.canary_restarts(session, rollout)
-        result = analyse(
-            Interval(
-                time=now,
-                since=since,
-                step=rollout.step_index + 1,
-                weight=rollout.canary_weight,
-                stable=by_version.get(stable_label),
-                canary=by_version.get(canary_label),
-                canary_restarts=max(restarts_now - int(rollout.spec.get("restarts_at", 0)), 0),
-            ),
-            tr.policy_of(rollout),
-        )
+
+        def judge(start: datetime) -> Analysis:
+            # The engines' figures count from the same start: their samples are attributed to
+            # an instance's current version, and an instance that ran stable until the step
+            # began must not lend the canary its old figures.
+            traffic = deployment_traffic(
+                session, now, deployment.name, start, now, whole_windows=True
+            )
+            by_version: dict[str, VersionTraffic] = {v.version: v for v in traffic.versions}
+            return analyse(
+                Interval(
+                    time=now,
+                    since=start,
+                    step=rollout.step_index + 1,
+                    weight=rollout.canary_weight,
+                    stable=by_version.get(stable_label),
+                    canary=by_version.get(canary_label),
+                    canary_restarts=max(restarts_now - int(rollout.spec.get("restarts_at", 0)), 0),
+                ),
+                policy,
+            )
+
+        result = judge(since)
+        if result.verdict == "inconclusive" and step_since < since:
+            # Too little in the last interval (a canary the gateway ejects gets almost nothing):
+            # judge everything since the step's weight took effect instead.
+            result = judge(step_since)
         rollout.analysis = [*rollout.analysis, result.model_dump(mode="json")]
-        if result.verdict != "inconclusive":
-            # A new interval starts; an inconclusive one is extended instead, so the data it
-            # had counts at the next analysis too.
-            rollout.spec = {
-                **rollout.spec,
-                "restarts_at": restarts_now,
-                "interval_since": now.isoformat(),
-            }
+        rollout.spec = {**rollout.spec, "interval_since": now.isoformat()}
         rollout.step_started_at = now  # the next analysis is an interval from now
-        policy = tr.policy_of(rollout)
         if result.verdict == "fail":
             rollout.failures += 1
             reason = failing_reason(result)

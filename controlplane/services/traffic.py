@@ -198,14 +198,12 @@ def deployment_traffic(
     step_s: int | None = None,
     *,
     whole_windows: bool = False,
-    diffusion_since: datetime | None = None,
 ) -> DeploymentTraffic:
     """Deployment NAME's traffic, merged over every gateway's windows that ended in
     (since, until], per version, with a series of `step_s` steps and the engines' diffusion
     figures. Defaults: until now, since five minutes before, steps of 10 s. `whole_windows`
     keeps only windows that also started at or after `since` (a rollout's analysis: requests
-    served under the previous weight stay out of the interval); `diffusion_since`, if given,
-    starts the range of the engines' figures (stored in 10 s buckets, labelled by their start)."""
+    served under the previous weight stay out of the interval)."""
     since, until, step = traffic_range(now, since, until, step_s)
     deployment = get_deployment(session, name)
     assert deployment.id is not None
@@ -236,7 +234,7 @@ def deployment_traffic(
     for vid, by_step in steps.items():
         for merged in by_step.values():
             totals.setdefault(vid, _Merged()).add(merged)
-    diffusion = _diffusion_means(session, deployment.id, diffusion_since or since, until)
+    diffusion = _diffusion_means(session, deployment.id, since, until)
     version_ids = set(totals) | set(diffusion)
     labels = {vid: v.label for vid, v in load_versions(session, list(version_ids)).items()}
     versions = []
