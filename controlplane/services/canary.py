@@ -46,7 +46,7 @@ def set_canary(session: Session, now: datetime, actor: str, name: str, spec: Can
     canary is active (end it first). Invalid: the version is deprecated, the canary would take
     every instance, or its instances do not fit where they land (nothing is written then).
     """
-    deployment = _locked_deployment(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     model = session.get(Model, deployment.model_id)
     assert model is not None
@@ -127,7 +127,7 @@ def clear_canary(session: Session, now: datetime, actor: str, name: str) -> Cana
     NotFound when none is active. Never refused for want of room: what does not fit back now
     is placed later (an event says so).
     """
-    deployment = _locked_deployment(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     rollout = active_rollouts(session, [deployment.id]).get(deployment.id)
     if rollout is None:
@@ -153,9 +153,9 @@ def clear_canary(session: Session, now: datetime, actor: str, name: str) -> Cana
     return Canary(deployment, rollout, _label(session, deployment.stable_version_id), label)
 
 
-def _locked_deployment(session: Session, name: str) -> Deployment:
+def locked_deployment(session: Session, name: str) -> Deployment:
     """The deployment, its row locked until commit (PostgreSQL; SQLite has one writer anyway),
-    so two requests cannot both start a canary of it."""
+    so two requests cannot both start a canary or rollout of it."""
     row = session.exec(select(Deployment).where(Deployment.name == name).with_for_update()).first()
     if row is None:
         raise NotFound(f"deployment {name!r}")

@@ -13,10 +13,11 @@ from sqlmodel import Session, col, select
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion, Rollout
 from controlplane.rollouts import transitions as tr
+from controlplane.services.canary import locked_deployment
 from controlplane.services.deployments import _engine_config, get_deployment
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
-from controlplane.services.placement import surge_problems
+from controlplane.services.placement import load_versions, surge_problems
 from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
@@ -62,15 +63,6 @@ def _refuse_if_busy(session: Session, deployment: Deployment) -> None:
         )
 
 
-def _locked(session: Session, name: str) -> Deployment:
-    """The deployment, its row locked until commit (PostgreSQL), so two requests cannot both
-    start something on it."""
-    row = session.exec(select(Deployment).where(Deployment.name == name).with_for_update()).first()
-    if row is None:
-        raise NotFound(f"deployment {name!r}")
-    return row
-
-
 def _new_record(
     session: Session,
     now: datetime,
@@ -112,7 +104,7 @@ def start_rollout(
     session: Session, now: datetime, actor: str, name: str, spec: RolloutCreate
 ) -> Rollout:
     """Start a rollout: Conflict when one is active, Invalid when the plan cannot run."""
-    deployment = _locked(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     _refuse_if_busy(session, deployment)
     to_id = deployment.stable_version_id
@@ -227,7 +219,7 @@ def act(
     session: Session, now: datetime, actor: str, name: str, action: str, body: RolloutAction
 ) -> Rollout:
     """promote [--full], abort, pause or resume the active rollout (NotFound when none)."""
-    deployment = _locked(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     rollout = tr.active_of(session, deployment.id)
     if rollout is None:
@@ -274,7 +266,7 @@ def start_rollback(
 ) -> Rollout:
     """Back to the previous stable pair (or the named version) without analysis. During an
     active rollout: that rollout ends `rolled_back` (its canary goes away at once)."""
-    deployment = _locked(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     active = tr.active_of(session, deployment.id)
     if active is not None and active.kind == "rollout" and spec.to is None:
@@ -335,7 +327,7 @@ def start_restart(
     session: Session, now: datetime, actor: str, name: str, spec: RestartCreate
 ) -> Rollout:
     """Restart the deployment's instances (or those on HOST, or INSTANCE) one at a time."""
-    deployment = _locked(session, name)
+    deployment = locked_deployment(session, name)
     assert deployment.id is not None
     _refuse_if_busy(session, deployment)
     query = select(Instance.id, Host.name).join(Host, col(Host.id) == col(Instance.host_id))
@@ -438,11 +430,12 @@ def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
         .where(Instance.deployment_id == deployment.id)
         .order_by(col(Instance.id))
     ).all()
+    labels = load_versions(session, list({inst.version_id for inst, _host in rows}))
     instances = [
         InstanceProgress(
             id=inst.id or 0,
             host=host,
-            version=tr.label(session, inst.version_id),
+            version=labels[inst.version_id].label if inst.version_id in labels else "",
             pool="canary" if active and inst.version_id == rollout.to_version_id else "stable",
             state=inst.observed_state,
             ready=inst.observed_state == InstanceState.READY.value,
