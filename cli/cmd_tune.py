@@ -101,6 +101,12 @@ def tune(
     request_timeout: float = typer.Option(
         300.0, "--request-timeout", min=1, help="Seconds one HTTP request may take."
     ),
+    apply: bool = typer.Option(
+        False,
+        "--apply",
+        help="With --deployment: canary the recommendation (a config rollout at 10%, the "
+        "deployment's rollout policy; needs an operator token in the current context).",
+    ),
 ) -> None:
     """Sweep decoding settings over a prompt set; print the quality-latency table and the
     Pareto front, recommend a setting, and write results, plots and an engine config.
@@ -114,6 +120,8 @@ def tune(
     from engine.tuning.workload import WorkloadError
 
     remote = _mode(model_dir, deployment, base_url, api_key_file, heldout, heldout_passages)
+    if apply and not remote:
+        fail("--apply rolls the recommendation out to a deployment: give --deployment NAME", USAGE)
     if remote and (dtype is not None or device is not None or threads is not None):
         fail(
             "--dtype, --device and --threads apply in-process only (MODEL_DIR), "
@@ -141,6 +149,11 @@ def tune(
     plot_terminal = not no_plot and sys.stdout.isatty()
     _require_plot_packages(terminal=plot_terminal)
     api_key = _api_key(api_key_file) if remote else None
+    if apply:
+        from cli.tune_apply import check_deployment
+
+        assert deployment is not None
+        check_deployment(deployment)  # before minutes of sweeping, not after
     out_dir = output or Path(f"tune-{datetime.now(UTC):%Y%m%dT%H%M%SZ}")
     created = _prepare_output_dir(out_dir)
     try:
@@ -194,13 +207,34 @@ def tune(
             notes=notes,
         )
         chosen = _report(record, results, criterion, out_dir, plot_terminal, no_plot)
-        _print_recommendation(results, chosen, criterion, out_dir, model_dir, deployment)
+        _print_recommendation(results, chosen, criterion, out_dir, model_dir, deployment, apply)
     except BaseException:
         if created:
             discard_output_dir(out_dir)
         raise
     if chosen is None:
+        if apply:
+            print("nothing applied: no setting meets the criterion")
         raise typer.Exit(FAILURE)
+    if apply:
+        assert deployment is not None
+        _apply(deployment, chosen, criterion, out_dir)
+
+
+def _apply(deployment: str, chosen: SettingResult, criterion: Criterion, out_dir: Path) -> None:
+    """Start the config rollout of the recommendation and say how to follow it."""
+    from cli.rollout_view import started_text
+    from cli.tune_apply import apply_recommendation
+    from engine.tuning.report import engine_config_keys
+
+    keys = engine_config_keys(chosen.setting)
+    started = apply_recommendation(
+        deployment, keys, chosen.setting.label, criterion.describe(), out_dir
+    )
+    if started is None:
+        print(f"deployment {deployment} already decodes with {chosen.setting.label}: nothing to do")
+        return
+    sys.stdout.write(started_text(started))
 
 
 def _report(
@@ -435,6 +469,7 @@ def _print_recommendation(
     out_dir: Path,
     model_dir: Path | None,
     deployment: str | None,
+    apply: bool,
 ) -> None:
     from engine.tuning.report import ENGINE_CONFIG
     from engine.tuning.summary import recommendation_lines
@@ -446,6 +481,7 @@ def _print_recommendation(
         out_dir / ENGINE_CONFIG,
         model_dir=model_dir,
         deployment=deployment,
+        applying=apply,
     )
     for line in lines:
         print(line)

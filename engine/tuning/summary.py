@@ -66,6 +66,7 @@ def recommendation_lines(
     *,
     model_dir: Path | None,
     deployment: str | None,
+    applying: bool = False,
 ) -> list[str]:
     """The verdict: the recommended setting and how to use it, or why there is none."""
     if chosen is None:
@@ -81,11 +82,15 @@ def recommendation_lines(
         f"p50 {chosen.p50_s:.3f} s, p95 {chosen.p95_s:.3f} s, agreement {chosen.agreement:.3f}"
         f"{tpf}"
     ]
+    if deployment is not None and applying:
+        lines.append(f"applying it to {deployment} (--apply): a {ROLLOUT_CANARY} config rollout")
+        return lines
     if deployment is not None:
-        # `--apply` waits for `dctl rollout`; until then, the exact command to run.
         lines += [
-            "to roll it out (`dctl rollout` is not available yet; run this once it lands):",
-            f"  dctl rollout {deployment} --engine-config {config_path} --canary {ROLLOUT_CANARY}",
+            f"to canary it: run again with --apply (merges these keys into {deployment}'s engine "
+            f"config and starts a {ROLLOUT_CANARY} config rollout), or put the keys of "
+            f"{config_path} into its engine config file and run",
+            f"  dctl rollout {deployment} --engine-config FILE --canary {ROLLOUT_CANARY}",
         ]
         return lines
     flags = " ".join(
