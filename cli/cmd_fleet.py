@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Mapping
@@ -240,17 +239,15 @@ def host_remove(
 
 # tokens ------------------------------------------------------------------------------------
 
-_DURATION = re.compile(r"^(\d+)([smhd])$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
 def parse_duration(text: str, option: str = "--expires") -> int:
     """`90s`, `30m`, `24h`, `7d` -> seconds; anything else is a usage error (exit 2) naming
     OPTION."""
-    match = _DURATION.match(text.strip())
-    if not match or int(match.group(1)) == 0:
+    from protocol.durations import parse_duration as seconds
+
+    value = seconds(text)
+    if value is None:
         fail(f"{option} {text!r}: write a positive duration like 30m, 24h or 7d", USAGE)
-    return int(match.group(1)) * _SECONDS[match.group(2)]
+    return value
 
 
 @token_app.command("create")

@@ -232,6 +232,10 @@ class DeploymentOut(ApiModel):
     instances: list[InstanceOut]
     canary_version: str | None = Field(default=None, description="VERSION of an active canary")
     canary_weight: int = Field(default=0, description="percent of gateway requests to it")
+    rollback_version: str | None = Field(
+        default=None,
+        description="VERSION `dctl rollback` goes back to without --to (None: nothing to go to)",
+    )
     rollout_policy: RolloutPolicy = Field(
         default_factory=lambda: RolloutPolicy(), description="the deployment's own thresholds"
     )

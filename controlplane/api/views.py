@@ -168,7 +168,10 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
     tags = dict(
         session.exec(
             select(ModelVersion.id, ModelVersion.version).where(
-                col(ModelVersion.id).in_({r.to_version_id for r in rollouts.values()})
+                col(ModelVersion.id).in_(
+                    {r.to_version_id for r in rollouts.values()}
+                    | {d.rollback_version_id for d in deployments if d.rollback_version_id}
+                )
             )
         ).all()
     )
@@ -188,6 +191,8 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
             instances=instances.get(d.name, []),
             canary_version=canaries.get(d.id or 0, (None, 0))[0],
             canary_weight=canaries.get(d.id or 0, (None, 0))[1],
+            # A deleted version (no FK on purpose) reads as nothing to go back to.
+            rollback_version=tags.get(d.rollback_version_id) if d.rollback_version_id else None,
             rollout_policy=RolloutPolicy.model_validate(d.rollout_policy),
         )
         for d in deployments

@@ -158,6 +158,7 @@ def test_a_good_canary_goes_step_by_step_to_promotion_and_rolls_back(
     assert [a.verdict for a in out.analyses] == ["pass", "pass"]
     shown = api.as_admin("GET", f"{V}/deployments/web").json()
     assert (shown["version"], shown["canary_version"]) == ("v2", None)
+    assert shown["rollback_version"] == "v1"  # what `dctl rollback` (and the TUI) offers first
     assert versions(api) == {"v2": 4}
     # The host keeps v1's snapshot: it is the rollback target.
     kept = beat(api, agent, advertise_address=ADDRESS)["keep_digests"]
