@@ -239,6 +239,7 @@ def host_remove(
 
 # tokens ------------------------------------------------------------------------------------
 
+
 def parse_duration(text: str, option: str = "--expires") -> int:
     """`90s`, `30m`, `24h`, `7d` -> seconds; anything else is a usage error (exit 2) naming
     OPTION."""
