@@ -1,0 +1,1 @@
+"""The views: one screen per module. `VIEWS` names the top-level ones `:` and ctrl+p switch to."""

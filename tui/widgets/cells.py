@@ -1,0 +1,39 @@
+"""Table cells and panel lines as coloured Rich text: a value in its health colour, gauges,
+sparklines and progress bars."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from tui import format as fmt
+from tui.health import STYLE, Level
+
+
+def styled(value: str, level: Level) -> Text:
+    """VALUE in the colour of LEVEL."""
+    return Text(value, style=STYLE[level])
+
+
+def gauge(fraction: float | None, level: Level, width: int = 10, label: str = "") -> Text:
+    """A bar of WIDTH cells filled to FRACTION in LEVEL's colour, then LABEL."""
+    text = Text(fmt.bar(fraction, width), style=STYLE[level] if fraction is not None else "dim")
+    if label:
+        text.append(f" {label}")
+    return text
+
+
+def spark(
+    values: list[float], width: int = 20, top: float | None = None, style: str = "cyan"
+) -> Text:
+    """A sparkline of the last WIDTH values, or a dim dash when there are none yet."""
+    line = fmt.sparkline(values, width, top)
+    return Text(line, style=style) if line else Text(fmt.NONE, style="dim")
+
+
+def progress(step: int, steps: int, weight: int, width: int = 20) -> Text:
+    """`step k/n` with a bar of the steps done and the canary's current weight."""
+    fraction = step / steps if steps else 0.0
+    text = Text(f"step {step}/{steps} ")
+    text.append(fmt.bar(fraction, width), style="green")
+    text.append(f" {weight}%")
+    return text
