@@ -33,6 +33,7 @@ from protocol.rest import (
     FleetStatus,
     HostOut,
     ModelOut,
+    SeriesOut,
     TokenCreate,
     TokenCreated,
     TokenOut,
@@ -152,6 +153,15 @@ def list_hosts() -> Call[list[HostOut]]:
 def get_host(name: str) -> Call[HostOut]:
     """One host with its GPUs, latest samples and instances."""
     return Call("GET", f"{API}/hosts/{segment(name)}", one(HostOut))
+
+
+def host_samples(
+    name: str, *, minutes: int | None = None, series: str | None = None
+) -> Call[list[SeriesOut]]:
+    """Host NAME's downsampled GPU and instance series over the last MINUTES, oldest first;
+    SERIES is an exact name or a `prefix.*`."""
+    params = {"minutes": minutes, "series": series}
+    return Call("GET", f"{API}/hosts/{segment(name)}/samples", many(SeriesOut), params)
 
 
 def drain_host(name: str) -> Call[HostOut]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from pydantic import TypeAdapter
-
 from client import AsyncControlPlaneClient, ClientError, calls
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, EventOut, FleetStatus, HostOut, ModelOut, SeriesOut
@@ -18,7 +16,6 @@ from protocol.rollouts import RolloutOut
 
 ACTIVE_ROLLOUT_STATES = ("progressing", "paused")
 SAMPLE_MINUTES = 10
-_SERIES = TypeAdapter(list[SeriesOut])
 
 
 @dataclass(frozen=True)
@@ -144,12 +141,11 @@ async def deployment_detail(client: AsyncControlPlaneClient, name: str) -> Deplo
 
 async def host_detail(client: AsyncControlPlaneClient, name: str) -> HostDetailData:
     """Host NAME with its instances and GPU series."""
-    path = f"{calls.API}/hosts/{calls.segment(name)}/samples"
-    host, raw = await asyncio.gather(
+    host, found = await asyncio.gather(
         client.send(calls.get_host(name)),
-        client.send(calls.request("GET", path, params={"minutes": SAMPLE_MINUTES})),
+        client.send(calls.host_samples(name, minutes=SAMPLE_MINUTES)),
     )
-    series = [s for s in _SERIES.validate_python(raw or []) if s.name.startswith("gpu")]
+    series = [s for s in found if s.name.startswith("gpu")]
     return HostDetailData(host, series)
 
 
