@@ -67,9 +67,10 @@ def host_facts(
     engine_tls: bool = False,
     snapshots: list[str] | None = None,
     snapshot_failures: list[SnapshotFailure] | None = None,
+    metrics_url: str | None = None,
 ) -> HostFacts:
-    """Slow-changing facts about this host, with the preflight results and whether its engines
-    serve HTTPS."""
+    """Slow-changing facts about this host, with the preflight results, whether its engines
+    serve HTTPS and where the agent's own /metrics answers."""
     try:
         memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
@@ -88,6 +89,7 @@ def host_facts(
         engine_tls=engine_tls,
         snapshots=sorted(snapshots or [])[:256],
         snapshot_failures=(snapshot_failures or [])[:16],
+        metrics_url=metrics_url,
     )
 
 

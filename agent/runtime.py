@@ -66,6 +66,9 @@ class AgentConfig:
     stop_engines_on_exit: bool = False
     # The certificate and key every engine serves HTTPS with; None: engines serve plain HTTP.
     engine_tls: tuple[str, str] | None = None
+    # Where the agent's own /metrics answers, as bound (`protocol.monitoring.metrics_url`):
+    # reported in the host facts so the control plane can list it as a scrape target.
+    metrics_url: str | None = None
 
 
 class Agent:
@@ -186,6 +189,7 @@ class Agent:
             self.selection.kind, sample, self.preflight.checks, self.store.root,
             engine_tls=self.config.engine_tls is not None,
             snapshots=self.store.digests(), snapshot_failures=failures,
+            metrics_url=self.config.metrics_url,
         )  # fmt: skip
 
     # --- heartbeat ---------------------------------------------------------------------------

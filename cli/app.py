@@ -17,6 +17,7 @@ from cli import (
     cmd_engine,
     cmd_fleet,
     cmd_gateway,
+    cmd_metrics,
     cmd_model,
     cmd_rollout,
     cmd_server,
@@ -61,6 +62,7 @@ def root(
 for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
     module.register(app)
 cmd_fleet.register(app)
+cmd_metrics.register(app)
 cmd_up.register(app)
 cmd_tune.register(app)
 cmd_ui.register(app)

@@ -250,6 +250,7 @@ def _run_agent(
     from agent.runtime import Agent, AgentConfig
     from agent.snapshots import SnapshotStore
     from agent.supervisor import Supervisor
+    from protocol.monitoring import metrics_url
     from protocol.tls import TlsError, check_name, client_context
 
     log = logging.getLogger("dctl.agent")
@@ -290,8 +291,10 @@ def _run_agent(
     except OSError as exc:
         fail(f"--metrics-port {port} on {host}: {exc.strerror}; pass a free port (0: any)")
     write_private(data_dir / "agent" / "metrics-port", f"{bound}\n")
-    scheme = "https" if metrics_tls else "http"
-    log.info("agent /metrics on %s://%s:%s/metrics", scheme, host, bound)
+    # The port actually bound (0 picks one) at an address other machines reach: reported in
+    # heartbeats, so the control plane lists it as a scrape target.
+    scrape_at = metrics_url("https" if metrics_tls else "http", host, bound, advertise)
+    log.info("agent /metrics on %s", scrape_at)
     log.info("engines listen on (and are advertised at) %s", advertise)
     # Engines serve the agent's own certificate: that certificate is all the probes trust.
     engine_trust = client_context(engine_tls[0]) if engine_tls else None
@@ -311,6 +314,7 @@ def _run_agent(
         port_range=settings.ports,
         stop_engines_on_exit=settings.stop_engines_on_exit,
         engine_tls=engine_tls,
+        metrics_url=scrape_at,
     )
     runtime = Agent(
         config,

@@ -25,6 +25,14 @@ from protocol.gateway import (
     TrafficAccepted,
     TrafficReport,
 )
+from protocol.monitoring import (
+    GATEWAY_HEARTBEAT_PATH,
+    GATEWAYS_PATH,
+    TARGETS_PATH,
+    GatewayHeartbeat,
+    GatewayOut,
+    ScrapeTargetGroup,
+)
 from protocol.rest import (
     DeploymentCreate,
     DeploymentOut,
@@ -350,6 +358,24 @@ def report_traffic(report: TrafficReport) -> Call[TrafficAccepted]:
     """Post a gateway's traffic windows (role gateway); unknown ones come back as skipped."""
     body = report.model_dump(mode="json")
     return Call("POST", f"{API}/traffic", one(TrafficAccepted), json=body)
+
+
+def gateway_heartbeat(beat: GatewayHeartbeat) -> Call[GatewayOut]:
+    """A gateway's heartbeat (role gateway): where it serves, its version and /metrics."""
+    return Call("POST", GATEWAY_HEARTBEAT_PATH, one(GatewayOut), json=beat.model_dump(mode="json"))
+
+
+def list_gateways() -> Call[list[GatewayOut]]:
+    """Every gateway that heartbeated, with whether it is live (role viewer)."""
+    return Call("GET", GATEWAYS_PATH, many(GatewayOut))
+
+
+# Monitoring ----------------------------------------------------------------------------------
+
+
+def metrics_targets() -> Call[list[ScrapeTargetGroup]]:
+    """Prometheus file_sd groups of every live scrape target (role viewer)."""
+    return Call("GET", TARGETS_PATH, many(ScrapeTargetGroup))
 
 
 # Events --------------------------------------------------------------------------------------

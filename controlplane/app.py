@@ -20,6 +20,7 @@ from controlplane.api import (
     health,
     hosts,
     models,
+    monitoring,
     rollouts,
     tokens,
 )
@@ -40,7 +41,8 @@ from controlplane.settings import ControlPlaneSettings
 from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 # Agents first: the heartbeat route is matched most often.
-ROUTERS = (agents, gateway, hosts, models, deployments, rollouts, events, tokens, health)
+ROUTERS = (agents, gateway, hosts, models, deployments, rollouts, events, tokens, monitoring,
+           health)  # fmt: skip
 
 
 def utc_now() -> datetime:

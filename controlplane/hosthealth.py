@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col
 
 from controlplane.eventlog import record_event
-from controlplane.models import Host, MetricSample, TrafficWindow
+from controlplane.models import GatewayProcess, Host, MetricSample, TrafficWindow
 from protocol.wire import HostState
 
 NOT_READY_AFTER_INTERVALS = 3
@@ -109,15 +109,19 @@ class HostHealthMonitor:
         return transitions
 
     def prune_samples(self, now: datetime | None = None) -> int:
-        """Delete metric samples and gateway traffic windows older than the retention; returns
-        how many rows."""
+        """Delete metric samples, gateway traffic windows and gateways silent for longer than the
+        retention; returns how many rows."""
         cutoff = (now or self._clock()) - self._retention
         with self._engine.begin() as conn:
             samples = conn.execute(delete(MetricSample).where(col(MetricSample.time) < cutoff))
             windows = conn.execute(
                 delete(TrafficWindow).where(col(TrafficWindow.ended_at) < cutoff)
             )
-        return sum(int(getattr(r, "rowcount", 0) or 0) for r in (samples, windows))
+            # Gateways silent that long are gone (a restarted one heartbeats under a new id).
+            gone = conn.execute(
+                delete(GatewayProcess).where(col(GatewayProcess.last_seen_at) < cutoff)
+            )
+        return sum(int(getattr(r, "rowcount", 0) or 0) for r in (samples, windows, gone))
 
 
 class HostHealthController:

@@ -76,6 +76,26 @@ class Host(SQLModel, table=True):
     heartbeat_seq: int = 0
 
 
+class GatewayProcess(SQLModel, table=True):
+    """A gateway process that heartbeats (`POST /api/v1/gateways/heartbeat`): where it serves and
+    where its /metrics answers. Live while its heartbeats come; silent rows are pruned like
+    samples."""
+
+    id: int | None = Field(default=None, primary_key=True)
+    # The gateway's own id (hostname-pid-random), as in its traffic reports.
+    name: str = Field(max_length=128, unique=True)
+    address: str = Field(max_length=255)
+    port: int
+    scheme: str = Field(default="http", max_length=8)
+    version: str = Field(default="", max_length=64)
+    metrics_url: str | None = Field(default=None, max_length=512)
+    interval_s: float = 5.0
+    # The name of the gateway token it heartbeats with (which credential to revoke).
+    token_name: str = Field(default="", max_length=63)
+    first_seen_at: datetime = Field(sa_column=utc_column(False))
+    last_seen_at: datetime = Field(sa_column=utc_column(False, index=True))
+
+
 class Gpu(SQLModel, table=True):
     """Identity of one GPU of a host (its samples live on Host.gpu_samples and MetricSample)."""
 

@@ -300,6 +300,8 @@ class AsyncEngine:
         batch = int(getattr(last, "batch_size", 0) or 0)
         if batch:
             self._metrics.batch_size.observe(batch)
+        for block_size, seconds in getattr(last, "denoise_s", ()):
+            self._metrics.denoise_step.labels(block_size=str(block_size)).observe(seconds)
         self._publish_gauges()
         now = time.monotonic()
         if self._model is not None and now - self._last_expert_snapshot >= (

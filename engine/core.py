@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from engine.decoding import detect_finish, releasable_text
@@ -60,6 +60,8 @@ class StepStats:
     batch_size: int = 0  # requests that took part in a forward
     forwards: int = 0
     tokens_unmasked: int = 0
+    # (block size, seconds) of each denoising forward: their jitter is a hardware signal.
+    denoise_s: list[tuple[int, float]] = field(default_factory=list)
 
 
 class EngineCore:
@@ -174,7 +176,11 @@ class EngineCore:
             updates += self.update_from_output(self.runner.prefill(chunks))
             stats.forwards += 1
         for group in plan.decodes:
+            # `decode` reads its results back to the host (`tolist`), so the wall time covers
+            # the device's work too, not just the kernel launches.
+            started = time.perf_counter()
             results = self.runner.decode(group)
+            stats.denoise_s.append((group[0].block_size, time.perf_counter() - started))
             stats.forwards += 1
             stats.tokens_unmasked += sum(len(r.unmasked) for r in results)
             updates += self.update_from_output(results)

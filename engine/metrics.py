@@ -18,6 +18,10 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80,
 STEPS_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
 TOKENS_PER_FORWARD_BUCKETS = (0.5, 1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# One denoising forward, 1 ms to 10 s: fine steps at the fast end, where a healthy GPU's
+# forwards sit and where jitter (a hardware suspicion) first shows.
+DENOISE_STEP_BUCKETS = (0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05,
+                        0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10)  # fmt: skip
 
 # Reasons a request is refused or fails; the label value set is closed.
 ERROR_REASONS = (
@@ -108,6 +112,13 @@ class EngineMetrics:
             "dllm_tokens_per_forward",
             "Generated tokens per forward pass, per finished request.",
             buckets=TOKENS_PER_FORWARD_BUCKETS,
+            registry=r,
+        )
+        self.denoise_step = Histogram(
+            "dllm_denoise_step_seconds",
+            "Duration of one denoising forward (all requests of one block size), by block size.",
+            ["block_size"],
+            buckets=DENOISE_STEP_BUCKETS,
             registry=r,
         )
         self.batch_size = Histogram(

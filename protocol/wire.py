@@ -17,6 +17,7 @@ import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -243,10 +244,35 @@ class HostFacts(WireModel):
     # the agent's reason, which names the file): what a rollout's pre-staging waits for.
     snapshots: list[Sha256] = Field(default_factory=list, max_length=256)
     snapshot_failures: list[SnapshotFailure] = Field(default_factory=list, max_length=16)
+    # Where the agent's own /metrics answers (the port it actually bound: 0 picks one), as
+    # `scheme://address:port/metrics`; what `GET /api/v1/metrics/targets` lists. Absent from
+    # older agents.
+    metrics_url: str | None = Field(default=None, max_length=512)
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_metrics_url(value)
 
     def preflight_ok(self) -> bool:
         """True when no preflight check failed."""
         return all(check.status != "fail" for check in self.preflight)
+
+
+def check_metrics_url(value: str) -> str:
+    """VALUE if it is `http(s)://HOST:PORT[/PATH]` (no query or credentials); else ValueError."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"metrics URL {value!r}: write it as http(s)://HOST:PORT/PATH")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"metrics URL {value!r}: {exc}") from None
+    if port is None:
+        raise ValueError(f"metrics URL {value!r} names no port")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"metrics URL {value!r}: no query, fragment or credentials")
+    return value
 
 
 class GpuStatus(WireModel):

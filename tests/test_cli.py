@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DCTL = [sys.executable, "-m", "cli"]
 GROUPS = ["up", "server", "agent", "engine", "tui", "host", "model", "deploy", "rollout",
-          "rollback", "restart", "status", "events", "db", "token"]  # fmt: skip
+          "rollback", "restart", "status", "events", "db", "token", "metrics"]  # fmt: skip
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,8 @@
 """`dctl gateway`: one gateway process, wired and served.
 
 `build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
-traffic windows, and, with a control plane, the route watcher and the traffic reporter);
+traffic windows, and, with a control plane, the route watcher, the traffic reporter and the
+heartbeat that lists the gateway as a scrape target);
 `run` serves it with uvicorn (uvloop, httptools, no access log: the app logs one line per
 request itself) until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
 within `shutdown_grace_s`, and posts a last traffic report.
@@ -30,6 +31,7 @@ from controlplane.gateway.access import RateLimiter
 from controlplane.gateway.app import GatewayApp, Lifespan, Limits
 from controlplane.gateway.balancer import Balancer
 from controlplane.gateway.metrics import GatewayMetrics
+from controlplane.gateway.presence import GatewayPresence, PresenceSink
 from controlplane.gateway.proxy import Proxy
 from controlplane.gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
 from controlplane.gateway.settings import GatewaySettings, SettingsError
@@ -45,7 +47,7 @@ _WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 _FINAL_REPORT_TIMEOUT_S = 5.0
 
 
-class ControlPlaneLink(RouteSource, TrafficSink, Protocol):
+class ControlPlaneLink(RouteSource, TrafficSink, PresenceSink, Protocol):
     """What the gateway needs of the control plane; `client.http.AsyncControlPlaneClient` is
     one, a test's stand-in another."""
 
@@ -68,14 +70,17 @@ class Gateway:
     control_plane: ControlPlaneLink | None = None
     watcher: RouteWatcher | None = None
     reporter: TrafficReporter | None = None
+    presence: GatewayPresence | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
-        """Start polling routes and reporting traffic (with a control plane)."""
+        """Start polling routes, reporting traffic and heartbeating (with a control plane)."""
         if self.watcher is not None:
             self._tasks.append(asyncio.create_task(self.watcher.run(), name="routes"))
         if self.reporter is not None:
             self._tasks.append(asyncio.create_task(self.reporter.run(), name="traffic"))
+        if self.presence is not None:
+            self._tasks.append(asyncio.create_task(self.presence.run(), name="presence"))
 
     async def stop(self) -> None:
         """Stop the background tasks, post the last report, close connections."""
@@ -160,14 +165,29 @@ def build_gateway(
             raise SettingsError(f"invalid setting control_plane: {exc}") from None
     gateway.control_plane = control_plane
     gateway.watcher = RouteWatcher(control_plane, routes, settings.routes_poll_s)
+    this_gateway = gateway_id()
+    address = socket.gethostname() if settings.host in _WILDCARDS else settings.host
     gateway.reporter = TrafficReporter(
         windows,
         control_plane,
-        gateway_id=gateway_id(),
-        address=socket.gethostname() if settings.host in _WILDCARDS else settings.host,
+        gateway_id=this_gateway,
+        address=address,
         port=port or settings.port or None,
         interval_s=settings.report_interval_s,
     )
+    if port or settings.port:
+        # Only a known port can be scraped (build_gateway without one is a test's).
+        try:
+            gateway.presence = GatewayPresence(
+                control_plane,
+                gateway_id=this_gateway,
+                address=address.strip("[]"),
+                port=port or settings.port,
+                scheme="https" if settings.tls_cert else "http",
+                interval_s=settings.report_interval_s,
+            )
+        except ValueError as exc:  # an address the control plane would refuse: serve anyway
+            log.warning("no heartbeats (not listed as a scrape target): %s", exc)
     return gateway
 
 

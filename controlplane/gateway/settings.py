@@ -2,8 +2,9 @@
 
 The gateway reads its routes from one of two places, never both: a control plane
 (`control_plane` + a `gateway` role token, polled every `routes_poll_s`, traffic reported back
-every `report_interval_s`) or a static `routes_file` (a `RouteTable` as JSON or YAML, read once:
-for a fleet without a control plane, and for benchmarks; no traffic reports then).
+and a heartbeat sent every `report_interval_s`) or a static `routes_file` (a `RouteTable` as
+JSON or YAML, read once: for a fleet without a control plane, and for benchmarks; no traffic
+reports or heartbeats then).
 
 The token is best given as a file (`token_file`, 0600): a value on the command line is visible to
 every user of the host in `ps`.

@@ -65,3 +65,23 @@ def test_unreachable_control_plane_is_unavailable_not_a_crash() -> None:
 
     with pytest.raises(ControlPlaneUnavailable, match="connection refused"):
         _client(httpx.MockTransport(refuse)).heartbeat(Heartbeat(), "tok")
+
+
+def test_the_metrics_url_names_the_bound_port_where_others_reach_it() -> None:
+    from protocol.monitoring import metrics_url, split_metrics_url
+
+    metrics = AgentMetrics()
+    bound = metrics.serve(0)
+    assert bound != 0
+    url = metrics_url("http", "127.0.0.1", bound, "10.0.0.5")
+    assert url == f"http://127.0.0.1:{bound}/metrics"  # bound to one address: that one
+    assert "dctl_agent_heartbeats_total" in httpx.get(url, timeout=5).text
+    # Bound to every interface: reached at the advertise address (IPv6 in brackets).
+    assert metrics_url("https", "0.0.0.0", 9401, "10.0.0.5") == "https://10.0.0.5:9401/metrics"
+    assert metrics_url("http", "::", 9401, "fd00::5") == "http://[fd00::5]:9401/metrics"
+    assert metrics_url("http", "::", 9401, None) == "http://127.0.0.1:9401/metrics"
+    assert split_metrics_url("http://[fd00::5]:9401/metrics") == (
+        "http",
+        "[fd00::5]:9401",
+        "/metrics",
+    )

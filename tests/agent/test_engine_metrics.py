@@ -59,3 +59,23 @@ def test_deltas_accumulate_until_acknowledged_and_survive_engine_restart() -> No
     restarted.tokens.inc(2)
     tracker.record(1, restarted.text())
     assert tracker.deltas()[0].counters["dllm_generated_tokens_total"] == 2
+
+
+def test_the_engines_denoise_step_histogram_travels_per_block_size() -> None:
+    from engine.metrics import EngineMetrics
+
+    engine = EngineMetrics()
+    tracker = EngineMetricsTracker()
+    engine.denoise_step.labels(block_size="4").observe(0.02)
+    tracker.record(1, generate_latest(engine.registry).decode())
+    tracker.acknowledge()
+    engine.denoise_step.labels(block_size="4").observe(0.03)
+    engine.denoise_step.labels(block_size="8").observe(2.0)
+    tracker.record(1, generate_latest(engine.registry).decode())
+    [delta] = tracker.deltas()
+    four, eight = (
+        delta.histograms[f'dllm_denoise_step_seconds{{block_size="{b}"}}'] for b in (4, 8)
+    )
+    assert (four.count, round(four.sum, 6)) == (1, 0.03)
+    assert four.buckets["0.03"] == 1 and four.buckets["0.02"] == 0
+    assert (eight.count, eight.sum, eight.buckets["1.0"], eight.buckets["2.0"]) == (1, 2.0, 0, 1)

@@ -13,7 +13,8 @@ from controlplane.db import make_engine
 from tests.controlplane.conftest import create_pg_database, drop_pg_database, require_postgres
 
 EXPECTED_TABLES = {"host", "gpu", "model", "modelversion", "deployment", "instance", "rollout",
-                   "event", "apitoken", "metricsample", "lease", "trafficwindow"}  # fmt: skip
+                   "event", "apitoken", "metricsample", "lease", "trafficwindow",
+                   "gatewayprocess"}  # fmt: skip
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -78,7 +79,7 @@ def test_migration_scripts_ship_inside_the_package() -> None:
     root = Path(migrations.__file__).parent
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "__init__.py").is_file()  # so setuptools packages the scripts
-    assert migrate.head() == "0004"
+    assert migrate.head() == "0005"
 
 
 def test_upgrading_to_0002_gives_existing_instances_a_key_and_their_hosts_the_news(

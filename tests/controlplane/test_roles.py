@@ -52,6 +52,10 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     # Not even admins read the routing table: it holds every engine's API key.
     ("GET", f"{V}/routes"): GATEWAY,
     ("POST", f"{V}/traffic"): GATEWAY,
+    # Gateways say where they serve; anyone who reads the fleet sees them and the targets.
+    ("POST", f"{V}/gateways/heartbeat"): GATEWAY,
+    ("GET", f"{V}/gateways"): READ,
+    ("GET", f"{V}/metrics/targets"): READ,
     ("GET", f"{V}/events"): READ,
     ("POST", f"{V}/tokens"): ADMIN,
     ("GET", f"{V}/tokens"): ADMIN,
@@ -86,6 +90,7 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", f"{V}/deployments/{{name}}/rollout/{{action}}"): {"reason": "role test"},
     ("POST", f"{V}/deployments/{{name}}/rollback"): {},
     ("POST", f"{V}/deployments/{{name}}/restart"): {},
+    ("POST", f"{V}/gateways/heartbeat"): {"gateway": "gw-1", "address": "127.0.0.1", "port": 1},
     ("POST", f"{V}/traffic"): {
         "gateway": "gw-1",
         "started_at": "2026-01-01T11:59:55Z",

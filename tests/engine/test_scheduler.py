@@ -230,6 +230,9 @@ def test_long_prompt_prefill_does_not_stall_running_requests(peaked: Parts) -> N
         core.step()
         unmasked.append(core.last_step.tokens_unmasked)
         assert core.last_step.forwards == 2  # a prefill chunk and the decode forward
+        # Only the denoising forward is timed (for dllm_denoise_step_seconds), by block size.
+        [(block_size, seconds)] = core.last_step.denoise_s
+        assert block_size == core.scheduler.running["short"].block_size and seconds > 0
     assert core.scheduler.running["long"].phase is Phase.PREFILL
     assert sum(unmasked) >= 3  # "short" kept denoising meanwhile
     run_core(core, {})

@@ -84,3 +84,23 @@ def test_gauges_model_info_and_expert_counts(server: ServerProcess) -> None:
         "dllm_prompt_tokens", "dllm_generated_tokens", "dllm_requests_finished",
     }  # fmt: skip
     assert expected <= set(families)
+
+
+def test_each_denoising_forward_is_timed_by_block_size(server: ServerProcess) -> None:
+    server.wait_idle()
+    before = server.metrics()
+    body = {"model": MODEL, "prompt": "The river runs", "max_tokens": 8}
+    assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
+    server.wait_idle()
+    after = server.metrics()
+    # The demo checkpoint decodes in blocks of 4: 8 tokens are at least 2 blocks, each of at
+    # least one denoising forward.
+    key = "dllm_denoise_step_seconds_{}{{block_size=4}}"
+    forwards = delta(after, before, key.format("count"))
+    assert forwards >= 2
+    assert 0 < delta(after, before, key.format("sum")) < 10 * forwards
+    infinite = "dllm_denoise_step_seconds_bucket{block_size=4,le=+Inf}"
+    assert delta(after, before, infinite) == forwards
+    # Buckets span 1 ms to 10 s.
+    for bound in ("0.001", "10.0"):
+        assert f"dllm_denoise_step_seconds_bucket{{block_size=4,le={bound}}}" in after

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import httpx
 from client.errors import ClientError
 from controlplane.gateway import GatewaySettings
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
+from protocol.monitoring import GatewayHeartbeat, GatewayOut
 from tests.gateway.canned_engine import refused_port
 from tests.gateway.conftest import Fleet, served
 from tests.test_layering import ROOT
@@ -106,6 +108,7 @@ class ControlPlane:
         self.table = table
         self.down = False
         self.reports: list[TrafficReport] = []
+        self.beats: list[GatewayHeartbeat] = []
         self.closed = False
 
     async def routes(self, etag: str | None = None) -> RouteTable | None:
@@ -118,6 +121,14 @@ class ControlPlane:
             raise ClientError("cannot reach the control plane at http://cp:8700")
         self.reports.append(report)
         return TrafficAccepted(accepted=len(report.windows))
+
+    async def gateway_heartbeat(self, beat: GatewayHeartbeat) -> GatewayOut:
+        if self.down:
+            raise ClientError("cannot reach the control plane at http://cp:8700")
+        self.beats.append(beat)
+        now = datetime.now(UTC)
+        return GatewayOut(**beat.model_dump(exclude={"gateway"}), gateway=beat.gateway,
+                          first_seen_at=now, last_seen_at=now, live=True)  # fmt: skip
 
     async def aclose(self) -> None:
         self.closed = True
@@ -152,6 +163,11 @@ def test_routes_come_from_the_control_plane_and_traffic_goes_back(fleet: Fleet) 
         report = link.reports[-1]
         assert report.port == 18800 and report.address == "127.0.0.1"
         assert report.gateway.count("-") >= 2  # hostname-pid-random
+        # It heartbeats too, over the same link: where it serves and where its /metrics is.
+        beat = link.beats[-1]
+        assert (beat.gateway, beat.address, beat.port) == (report.gateway, "127.0.0.1", 18800)
+        assert beat.metrics_url == "http://127.0.0.1:18800/metrics"
+        assert beat.interval_s == 0.2 and beat.version
 
         # The control plane goes away: the gateway routes on and keeps what it served.
         link.down = True

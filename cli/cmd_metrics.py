@@ -1,0 +1,169 @@
+"""`dctl metrics targets`: the fleet's live scrape targets, for a Prometheus to read.
+
+`--format file_sd` (the default) prints the JSON of a `file_sd_configs` file; `--format static`
+a `scrape_configs:` YAML snippet with one job per role and scheme. With `-o FILE` the text is
+written atomically (a temporary file in FILE's directory, then renamed over it, mode 0644), so
+Prometheus never reads half a file; `--watch` keeps polling and rewrites FILE only when the
+fleet's targets changed, until interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from cli.exits import USAGE, fail
+from cli.remote import connect
+
+if TYPE_CHECKING:
+    from client.http import ControlPlaneClient
+    from protocol.monitoring import ScrapeTargetGroup
+
+    Render = Callable[[Sequence[ScrapeTargetGroup]], str]
+
+metrics_app = typer.Typer(help="Prometheus: the fleet's scrape targets.", no_args_is_help=True)
+
+FORMATS = ("file_sd", "static")
+FILE_MODE = 0o644
+# Labels Prometheus reads as scrape settings: a static job says them as `scheme`/`metrics_path`.
+_SCRAPE_SETTINGS = ("__scheme__", "__metrics_path__")
+
+
+def render_file_sd(groups: Sequence[ScrapeTargetGroup]) -> str:
+    """The JSON of a Prometheus `file_sd` file (a list of {targets, labels} groups)."""
+    return json.dumps([g.model_dump(mode="json") for g in groups], indent=2) + "\n"
+
+
+def render_static(groups: Sequence[ScrapeTargetGroup]) -> str:
+    """A `scrape_configs:` YAML snippet: one job per (role, scheme, metrics path), named
+    `dctl-ROLE` (with `-SCHEME` or the path appended when a role needs several jobs)."""
+    import yaml
+
+    jobs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for group in groups:
+        labels = dict(group.labels)
+        scheme = labels.pop("__scheme__", "http")
+        path = labels.pop("__metrics_path__", "/metrics")
+        key = (labels.get("role", "target"), scheme, path)
+        jobs.setdefault(key, []).append({"targets": list(group.targets), "labels": labels})
+    roles = [role for role, _, _ in jobs]
+    configs = []
+    for (role, scheme, path), static in jobs.items():
+        name = f"dctl-{role}"
+        if roles.count(role) > 1:
+            name += f"-{scheme}" + ("" if path == "/metrics" else path.replace("/", "-"))
+        configs.append(
+            {"job_name": name, "scheme": scheme, "metrics_path": path, "static_configs": static}
+        )
+    return yaml.safe_dump({"scrape_configs": configs}, sort_keys=False)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace PATH with TEXT in one rename (a reader sees the old file or the new one), 0644."""
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, FILE_MODE)  # mkstemp's 0600 would keep Prometheus out
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _current(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def targets(
+    fmt: str = typer.Option(
+        "file_sd", "--format", help="file_sd (JSON for file_sd_configs) or static (YAML)."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Write FILE atomically (mode 0644) instead of printing."
+    ),
+    watch: bool = typer.Option(
+        False, "--watch", help="Keep polling; rewrite FILE when the targets change (needs -o)."
+    ),
+    interval: str = typer.Option("5s", "--interval", help="Time between polls with --watch."),
+) -> None:
+    """Every live scrape target of the fleet: control plane, agents, ready engines, gateways."""
+    from cli.cmd_fleet import parse_duration
+
+    if fmt not in FORMATS:
+        fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}", USAGE)
+    interval_s = parse_duration(interval, "--interval")
+    if watch and output is None:
+        fail("--watch rewrites a file: give it with -o FILE", USAGE)
+    if output is not None and not output.parent.is_dir():
+        fail(f"-o {output}: directory {output.parent} does not exist", USAGE)
+    render = render_file_sd if fmt == "file_sd" else render_static
+    with connect() as api:
+        text = render(api.metrics_targets())
+        if output is None:
+            sys.stdout.write(text)
+            return
+        _write(output, text)
+        if watch:
+            _watch(api, output, render, text, interval_s)
+
+
+def _write(output: Path, text: str) -> None:
+    if _current(output) == text:
+        return  # unchanged: leave the file (and its mtime) alone
+    try:
+        write_atomically(output, text)
+    except OSError as exc:
+        fail(f"-o {output}: {exc.strerror or exc}")
+    print(f"wrote {output}", file=sys.stderr)
+
+
+def _watch(
+    api: ControlPlaneClient, output: Path, render: Render, text: str, interval_s: int
+) -> None:
+    """Poll every INTERVAL_S until Ctrl-C / SIGTERM; a failed poll is reported and retried."""
+    from client.errors import ClientError
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    last, failing = text, False
+    try:
+        while True:
+            time.sleep(interval_s)
+            try:
+                text = render(api.metrics_targets())
+            except ClientError as exc:
+                if not failing:
+                    print(f"warning: {exc}; keeping {output} as it is", file=sys.stderr)
+                failing = True
+                continue
+            failing = False
+            if text != last:
+                _write(output, text)
+                last = text
+    except KeyboardInterrupt:
+        return
+
+
+def register(app: typer.Typer) -> None:
+    """Attach `dctl metrics` to the root app."""
+    metrics_app.command("targets")(targets)
+    app.add_typer(metrics_app, name="metrics")
