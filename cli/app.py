@@ -14,6 +14,7 @@ import typer
 from cli import (
     cmd_agent,
     cmd_deploy,
+    cmd_doctor,
     cmd_engine,
     cmd_fleet,
     cmd_gateway,
@@ -63,6 +64,7 @@ for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_de
     module.register(app)
 cmd_fleet.register(app)
 cmd_metrics.register(app)
+cmd_doctor.register(app)
 cmd_up.register(app)
 cmd_tune.register(app)
 cmd_ui.register(app)

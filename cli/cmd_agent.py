@@ -45,7 +45,9 @@ FAKE_GPUS_OPTION = typer.Option(
     None, "--fake-gpus", help="Fake GPUs, e.g. 2xH200 (the default), 1xA100,1xL4."
 )
 FAKE_FAULTS_OPTION = typer.Option(
-    None, "--fake-faults", help="Faults for the fake GPUs: lost:INDEX, ecc:INDEX=COUNT, no-nvml."
+    None,
+    "--fake-faults",
+    help="Faults for the fake GPUs: lost:INDEX, ecc:INDEX=COUNT, hot:INDEX=CELSIUS, no-nvml.",
 )
 EXPECTED_GPUS_OPTION = typer.Option(
     None, "--expected-gpus", help="GPUs this host must have (preflight fails otherwise)."

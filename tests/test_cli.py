@@ -13,7 +13,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DCTL = [sys.executable, "-m", "cli"]
 GROUPS = ["up", "server", "agent", "engine", "tui", "host", "model", "deploy", "rollout",
-          "rollback", "restart", "status", "events", "db", "token", "metrics"]  # fmt: skip
+          "rollback", "restart", "status", "events", "db", "token", "metrics",
+          "doctor"]  # fmt: skip
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

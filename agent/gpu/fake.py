@@ -75,6 +75,7 @@ class FakeBackend:
         self._engine_load: EngineLoadSource = lambda: ()  # idle until `observe_engines`
         self._lost: set[int] = set()
         self._ecc: dict[int, int] = {}
+        self._hot: dict[int, float] = {}
         self._nvml_loaded = True
 
     def observe_engines(self, engine_load: EngineLoadSource) -> None:
@@ -89,12 +90,16 @@ class FakeBackend:
         """Fault: the device reports uncorrectable ECC errors."""
         self._ecc[index] = uncorrected
 
+    def set_temperature(self, index: int, celsius: float) -> None:
+        """Fault: the device runs at CELSIUS whatever its load (a failing fan, blocked airflow)."""
+        self._hot[index] = celsius
+
     def unload_nvml(self) -> None:
         """Fault: the driver library goes away; every sample fails as NVML would."""
         self._nvml_loaded = False
 
     def inject(self, faults: str) -> None:
-        """Apply faults written as text: `lost:1,ecc:0=3,no-nvml` (see `--fake-faults`)."""
+        """Apply faults written as text: `lost:1,ecc:0=3,hot:1=92,no-nvml` (`--fake-faults`)."""
         for fault in (f.strip() for f in faults.split(",") if f.strip()):
             kind, _, arg = fault.partition(":")
             try:
@@ -103,13 +108,17 @@ class FakeBackend:
                 elif kind == "ecc":
                     index, _, count = arg.partition("=")
                     self.set_ecc_errors(int(index), int(count or 1))
+                elif kind == "hot":
+                    index, _, celsius = arg.partition("=")
+                    self.set_temperature(int(index), float(celsius or 95))
                 elif kind == "no-nvml" and not arg:
                     self.unload_nvml()
                 else:
                     raise ValueError(kind)
             except ValueError:
                 raise ValueError(
-                    f"fake fault {fault!r}: write lost:INDEX, ecc:INDEX=COUNT or no-nvml"
+                    f"fake fault {fault!r}: write lost:INDEX, ecc:INDEX=COUNT, hot:INDEX=CELSIUS "
+                    "or no-nvml"
                 ) from None
 
     def sample(self) -> GpuSnapshot:
@@ -146,7 +155,7 @@ class FakeBackend:
             memory_total_bytes=model.memory_bytes,
             memory_used_bytes=used,
             utilization_ratio=util,
-            temperature_celsius=round(30.0 + 45.0 * util, 1),
+            temperature_celsius=self._hot.get(index, round(30.0 + 45.0 * util, 1)),
             power_watts=round(_IDLE_POWER + util * (model.power_limit_watts - _IDLE_POWER), 1),
             power_limit_watts=model.power_limit_watts,
             ecc_uncorrected_errors=self._ecc.get(index, 0),
