@@ -288,6 +288,7 @@ class AsyncEngine:
         if update.finish_reason == "abort":
             return  # latency of a cancelled request says nothing about the service
         m.e2e_latency.observe(stats.e2e_s)
+        m.queue_wait.observe(stats.queue_s)
         if stats.completion_tokens:
             m.ttft.observe(stats.time_to_first_block_s)
         for steps in stats.steps_per_block:

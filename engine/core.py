@@ -39,6 +39,7 @@ class RequestStats:
     tokens_per_forward: float  # completion_tokens / forwards
     time_to_first_block_s: float
     e2e_s: float
+    queue_s: float = 0.0  # waiting for a batch slot, before any forward
 
 
 @dataclass
@@ -277,6 +278,7 @@ class EngineCore:
             tokens_per_forward=completion / request.forwards if request.forwards else 0.0,
             time_to_first_block_s=first - request.arrival,
             e2e_s=now - request.arrival,
+            queue_s=(request.admitted_at or now) - request.arrival,
         )
 
     def _apply_aborts(self) -> list[RequestUpdate]:

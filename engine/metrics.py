@@ -84,6 +84,13 @@ class EngineMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.queue_wait = Histogram(
+            "dllm_request_queue_seconds",
+            "Time a finished request waited for a batch slot (queue wait; the rest of its "
+            "latency is compute).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.ttft = Histogram(
             "dllm_time_to_first_token_seconds",
             "Time from admission to the first committed block.",

@@ -64,6 +64,7 @@ class Request:
     forwards: int = 0
     steps_per_block: list[int] = field(default_factory=list)
     first_block_at: float | None = None
+    admitted_at: float | None = None  # when it got a slot: arrival to here is its queue wait
 
     @property
     def phase(self) -> Phase:
@@ -162,6 +163,7 @@ class Scheduler:
         while self.waiting and self.free_slots:
             request = self.waiting.popleft()
             request.slot = self.free_slots.pop()
+            request.admitted_at = time.perf_counter()
             self.running[request.request_id] = request
             admitted.append(request)
         return admitted

@@ -67,7 +67,7 @@ class GatewayMetrics:
         self.ejections = Counter(
             "dctl_gateway_ejections",
             "Instances taken out of rotation by passive health checks.",
-            ["deployment", "version", "instance"],
+            ["deployment", "version", "instance_id"],
             registry=r,
         )
         self.inflight = Gauge(

@@ -60,6 +60,17 @@ ENGINE = Row(
             threshold=10,
         ),
         Panel(
+            "Queue wait",
+            percentiles(
+                "dllm_request_queue_seconds",
+                DEPLOYMENT,
+                "deployment, version",
+                "{{deployment}} {{version}}",
+            ),
+            "Arrival to a batch slot: when this approaches the latency, add instances.",
+            unit="s",
+        ),
+        Panel(
             "Queue depth",
             (
                 Target(f"dllm_requests_waiting{{{DEPLOYMENT}}}", "waiting {{instance}}"),

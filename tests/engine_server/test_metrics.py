@@ -48,6 +48,9 @@ def test_counts_match_the_requests_sent(server: ServerProcess) -> None:
     assert delta(after, before, "dllm_e2e_request_latency_seconds_count") == 4
     assert delta(after, before, "dllm_e2e_request_latency_seconds_sum") > 0
     assert delta(after, before, "dllm_time_to_first_token_seconds_count") == 4
+    assert delta(after, before, "dllm_request_queue_seconds_count") == 4
+    queue_s = delta(after, before, "dllm_request_queue_seconds_sum")
+    assert 0 <= queue_s <= delta(after, before, "dllm_e2e_request_latency_seconds_sum")
     assert delta(after, before, "dllm_tokens_per_forward_count") == 4
     # One histogram sample per decoded block; 4 requests decode at least one block each.
     assert delta(after, before, "dllm_denoising_steps_per_block_count") >= 4

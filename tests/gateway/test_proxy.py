@@ -151,9 +151,8 @@ def test_a_dead_instance_costs_no_request_and_is_ejected(gateway: LiveGateway) -
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-dctl-instance"] == str(ENGINES["j"][0])
     after = gateway.metrics()
-    ejected = (
-        f"dctl_gateway_ejections_total{{deployment=dead,instance={DEAD_ID},version=dead-model:v1}}"
-    )
+    labels = f"deployment=dead,instance_id={DEAD_ID},version=dead-model:v1"
+    ejected = f"dctl_gateway_ejections_total{{{labels}}}"
     assert after[ejected] >= 1
     retried = "dctl_gateway_retries_total{deployment=dead,reason=connect}"
     assert after[retried] - before.get(retried, 0) >= 3
