@@ -30,8 +30,14 @@ class FleetCollector(Collector):
         self._clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Hosts by state and the age of the oldest heartbeat among reachable hosts."""
+        """Hosts by state, the age of the oldest heartbeat among reachable hosts, and each
+        host's heartbeat age with its state (so an alert can name the host that went quiet)."""
         hosts = GaugeMetricFamily("dctl_hosts", "Hosts by health state", labels=["state"])
+        per_host = GaugeMetricFamily(
+            "dctl_host_heartbeat_age_seconds",
+            "Seconds since each host's last heartbeat, with its health state",
+            labels=["host", "state"],
+        )
         lag = GaugeMetricFamily(
             "dctl_heartbeat_lag_seconds",
             "Seconds since the least recent heartbeat of a host that is not unreachable",
@@ -43,6 +49,13 @@ class FleetCollector(Collector):
             oldest = session.exec(
                 select(func.min(Host.last_seen_at)).where(Host.state != HostState.UNREACHABLE)
             ).first()
+            seen = session.exec(select(Host.name, Host.state, Host.last_seen_at)).all()
+        now = self._clock()
+        for name, state, last_seen in seen:
+            if last_seen is not None and last_seen.tzinfo is None:
+                last_seen = last_seen.replace(tzinfo=now.tzinfo)
+            age = (now - last_seen).total_seconds() if last_seen is not None else float("inf")
+            per_host.add_metric([name, str(state)], max(0.0, age))
         for state in HostState:
             hosts.add_metric([state.value], float(counts.get(state.value, 0)))
         if oldest is not None:
@@ -53,6 +66,7 @@ class FleetCollector(Collector):
             lag.add_metric([], 0.0)
         yield hosts
         yield lag
+        yield per_host
 
 
 class ControlPlaneMetrics:

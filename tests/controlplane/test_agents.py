@@ -133,6 +133,12 @@ def test_silent_hosts_go_not_ready_then_unreachable_and_back(api: Api) -> None:
     assert kinds[-3:] == ["host.not_ready", "host.unreachable", "host.ready"]
     metrics = api.client.get("/metrics").text
     assert 'dctl_hosts{state="ready"} 1.0' in metrics
+    # Per host, so an alert can name it: just heard from, so its heartbeat is 0 s old.
+    assert 'dctl_host_heartbeat_age_seconds{host="gpu-1",state="ready"} 0.0' in metrics
+    api.clock.advance(20)
+    health.sweep()
+    metrics = api.client.get("/metrics").text
+    assert 'dctl_host_heartbeat_age_seconds{host="gpu-1",state="not_ready"} 20.0' in metrics
 
 
 def test_metric_samples_are_downsampled_to_one_row_per_series_per_10s(api: Api) -> None:
