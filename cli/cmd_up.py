@@ -143,7 +143,13 @@ def demo_summary(endpoints: DemoEndpoints, size: str | None, traffic_rps: float)
         """"Hello!"}], "max_tokens": 32}'"""
     )
     lines += ["Try:", f"  {sample}", *(rollout_lines(size) if can_canary else [])]
-    lines += ["  dctl status", "  dctl tui", "Ctrl-C stops everything."]
+    lines += [
+        "  dctl status",
+        "  dctl tui",
+        f"  dctl doctor {DEPLOYMENT}",
+        "  dctl metrics targets -o targets.json --watch   # for Prometheus",
+        "Ctrl-C stops everything.",
+    ]
     return "\n".join(lines)
 
 

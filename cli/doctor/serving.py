@@ -185,7 +185,10 @@ def slow_generation(snap: FleetSnapshot) -> list[Finding]:
                 subject=f"deployment/{dep.name}",
                 summary="slow generation: few tokens per forward / many denoising steps per block",
                 evidence=evidence,
-                fix=fix + f"; apply with `dctl deploy configure {dep.name} --engine-config FILE`",
+                # A decoding change is canaried like a release: tune --apply starts the rollout.
+                fix=fix
+                + f"; canary the change with `dctl tune --deployment {dep.name} ... --apply`"
+                f" or `dctl rollout {dep.name} --engine-config FILE --canary 10%`",
             )
         )
     return found
