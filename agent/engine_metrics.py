@@ -15,8 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from protocol.wire import HistogramDelta, InstanceMetrics
 
 # Label sets whose size grows with the model (layer x expert) stay out of the heartbeat: the
-# engine's own /metrics has them for Prometheus.
+# engine's own /metrics has them for Prometheus. The tokens routed to each expert are reduced
+# here instead, per layer and heartbeat interval, to the load skew (max / mean over experts) and
+# the expert that took the most: two gauges per layer, whatever the number of experts.
 _SKIPPED_LABELS = {"expert"}
+EXPERT_TOKENS = "dllm_expert_tokens_total"
+EXPERT_SKEW = "dllm_expert_load_skew"
+EXPERT_HOT = "dllm_expert_load_hot_expert"
 MAX_COUNTERS, MAX_HISTOGRAMS, MAX_GAUGES = 256, 64, 256
 
 
@@ -35,6 +40,8 @@ class Scrape:
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, HistogramDelta] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
+    # Cumulative tokens routed, by (layer, expert).
+    experts: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 def parse_metrics(text: str) -> Scrape:
@@ -44,6 +51,8 @@ def parse_metrics(text: str) -> Scrape:
         for sample in family.samples:
             labels = dict(sample.labels)
             if _SKIPPED_LABELS & labels.keys():
+                if sample.name == EXPERT_TOKENS and "expert" in labels:
+                    scrape.experts[(labels.get("layer", "0"), labels["expert"])] = sample.value
                 continue
             if family.type == "counter" and sample.name.endswith("_total"):
                 if len(scrape.counters) < MAX_COUNTERS:
@@ -66,6 +75,31 @@ def parse_metrics(text: str) -> Scrape:
                 elif sample.name.endswith("_count"):
                     hist.count = sample.value
     return scrape
+
+
+def expert_load(now: Scrape, before: Scrape) -> dict[str, float]:
+    """Per layer, the skew (max / mean over experts) of the tokens routed since BEFORE and the
+    expert that took the most, as heartbeat gauges; layers that routed nothing are left out."""
+    reset = any(v < before.experts.get(k, 0.0) for k, v in now.experts.items())
+    by_layer: dict[str, dict[str, float]] = {}
+    for (layer, expert), value in now.experts.items():
+        start = 0.0 if reset else before.experts.get((layer, expert), 0.0)
+        by_layer.setdefault(layer, {})[expert] = value - start
+    gauges = {}
+    for layer, routed in by_layer.items():
+        mean = sum(routed.values()) / len(routed)
+        if mean <= 0:
+            continue
+        hot = max(routed, key=lambda e: (routed[e], -int(e) if e.isdigit() else 0))
+        gauges[series_key(EXPERT_SKEW, {"layer": layer})] = round(routed[hot] / mean, 4)
+        if hot.isdigit():
+            gauges[series_key(EXPERT_HOT, {"layer": layer})] = float(hot)
+    return gauges
+
+
+def _capped(values: dict[str, float], limit: int) -> dict[str, float]:
+    """The first LIMIT entries (the engine's own gauges come first, then per-layer loads)."""
+    return values if len(values) <= limit else dict(list(values.items())[:limit])
 
 
 def _delta(now: float, before: float | None) -> float:
@@ -115,7 +149,7 @@ class EngineMetricsTracker:
                     instance_id=instance_id,
                     counters=counters,
                     histograms=histograms,
-                    gauges=dict(now.gauges),
+                    gauges=_capped({**now.gauges, **expert_load(now, before)}, MAX_GAUGES),
                 )
             )
         return result

@@ -5,7 +5,6 @@ fault")."""
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 
 from cli.doctor.findings import Finding, FleetSnapshot, Points, label, matching, median, total
 
@@ -26,7 +25,9 @@ STEP_SLOW_RATIO = 2.0
 STEP_JITTER_CV = 0.5
 MIN_STEP_POINTS = 3
 STEP = "dllm_denoise_step_seconds"
-EXPERTS = "dllm_expert_tokens_total"
+# What the agent sends per layer instead of per-expert counters (see agent/engine_metrics.py).
+EXPERT_SKEW_SERIES = "dllm_expert_load_skew"
+EXPERT_HOT_SERIES = "dllm_expert_load_hot_expert"
 
 
 def host_silent(snap: FleetSnapshot) -> list[Finding]:
@@ -117,38 +118,39 @@ def gpu_outliers(snap: FleetSnapshot) -> list[Finding]:
 
 
 def expert_skew(snap: FleetSnapshot) -> list[Finding]:
-    """Tokens per expert of one MoE layer far from even (max / mean over experts)."""
+    """Tokens per expert of one MoE layer far from even: the agent reduces each heartbeat
+    interval's routed tokens to max / mean over the layer's experts (and the hottest expert);
+    the mean of those over the window is judged."""
     found = []
     for dep, inst in snap.instances():
-        layers: dict[str, dict[str, float]] = defaultdict(dict)
-        for key, points in matching(snap.instance_series.get(inst.id, {}), EXPERTS):
-            expert, layer = label(key, "expert"), label(key, "layer") or "0"
-            if expert is not None:
-                layers[layer][expert] = layers[layer].get(expert, 0.0) + total(points)
-        worst: tuple[float, str, str, float] | None = None
-        for layer, counts in layers.items():
-            mean = sum(counts.values()) / len(counts)
-            if len(counts) < 2 or mean <= 0:
+        series = snap.instance_series.get(inst.id, {})
+        worst: tuple[float, str, int] | None = None
+        for key, points in matching(series, EXPERT_SKEW_SERIES):
+            values = [value for _, value in points]
+            if not values:
                 continue
-            top = max(counts, key=lambda e: counts[e])
-            skew = counts[top] / mean
+            skew = statistics.fmean(values)
             if worst is None or skew > worst[0]:
-                worst = (skew, layer, top, mean)
+                worst = (skew, label(key, "layer") or "0", len(values))
         if worst is None or worst[0] < EXPERT_SKEW:
             continue
-        skew, layer, top, mean = worst
+        skew, layer, intervals = worst
+        evidence: dict[str, float | int | str] = {
+            "layer": layer,
+            "max_over_mean": round(skew, 2),
+            "intervals": intervals,
+        }
+        hot = series.get(f'{EXPERT_HOT_SERIES}{{layer="{layer}"}}')
+        if hot:
+            evidence["expert"] = str(int(hot[-1][1]))  # the hottest in the latest interval
+        which = f" (expert {evidence['expert']})" if "expert" in evidence else ""
         found.append(
             Finding(
                 rule="hardware.expert_skew",
                 severity="warning",
                 subject=f"instance/{inst.id} ({dep.name} on {inst.host})",
-                summary=f"expert load skew {skew:.1f}x in layer {layer} (expert {top})",
-                evidence={
-                    "layer": layer,
-                    "expert": top,
-                    "max_over_mean": round(skew, 2),
-                    "mean_tokens": round(mean, 1),
-                },
+                summary=f"expert load skew {skew:.1f}x in layer {layer}{which}",
+                evidence=evidence,
                 fix="the routing sends most tokens to few experts: check the routing policy, "
                 "give the hot experts replicas or GPUs of their own (expert parallelism); after a "
                 "fine-tune, check its router balance before promoting it",

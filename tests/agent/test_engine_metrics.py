@@ -79,3 +79,22 @@ def test_the_engines_denoise_step_histogram_travels_per_block_size() -> None:
     assert (four.count, round(four.sum, 6)) == (1, 0.03)
     assert four.buckets["0.03"] == 1 and four.buckets["0.02"] == 0
     assert (eight.count, eight.sum, eight.buckets["1.0"], eight.buckets["2.0"]) == (1, 2.0, 0, 1)
+
+
+def test_expert_tokens_travel_as_each_layers_load_skew_over_the_interval() -> None:
+    engine = FakeEngine()
+    tracker = EngineMetricsTracker()
+    for expert, tokens in enumerate([100, 100, 100, 100]):  # balanced before
+        engine.experts.labels(layer="0", expert=str(expert)).inc(tokens)
+    tracker.record(1, engine.text())
+    tracker.acknowledge()
+    # This interval: expert 2 takes 60 of 100 tokens in layer 0; layer 1 routed nothing new.
+    for expert, tokens in enumerate([10, 20, 60, 10]):
+        engine.experts.labels(layer="0", expert=str(expert)).inc(tokens)
+    engine.experts.labels(layer="1", expert="0").inc(0)
+    tracker.record(1, engine.text())
+    [delta] = tracker.deltas()
+    assert delta.gauges['dllm_expert_load_skew{layer="0"}'] == 2.4  # 60 / mean 25
+    assert delta.gauges['dllm_expert_load_hot_expert{layer="0"}'] == 2
+    assert 'dllm_expert_load_skew{layer="1"}' not in delta.gauges
+    assert not any("expert=" in key for key in delta.counters)  # never per expert

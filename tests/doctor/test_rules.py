@@ -216,13 +216,15 @@ def test_a_gpu_over_the_absolute_limit_is_hot_even_alone() -> None:
 
 
 def test_expert_load_skew_max_over_mean() -> None:
-    # Layer 1: 600, 100, 100, 100 tokens -> mean 225, max / mean 2.67 >= 2.5.
-    counts = {0: 600, 1: 100, 2: 100, 3: 100}
-    series = {1: {f'dllm_expert_tokens_total{{expert="{e}",layer="1"}}': points(n)
-                  for e, n in counts.items()}}  # fmt: skip
+    # Per heartbeat interval the agent sent layer 1's max / mean: 2.4, 2.8, 2.8 (mean 2.67).
+    series = {1: {'dllm_expert_load_skew{layer="1"}': points(2.4, 2.8, 2.8),
+                  'dllm_expert_load_skew{layer="0"}': points(1.1, 1.2, 1.0),
+                  'dllm_expert_load_hot_expert{layer="1"}': points(0, 0, 3)}}  # fmt: skip
     [found] = hardware.expert_skew(fleet(deployment(instance(1)), series=series))
-    assert found.evidence == {"layer": "1", "expert": "0", "max_over_mean": 2.67,
-                              "mean_tokens": 225.0}  # fmt: skip
+    assert found.evidence == {"layer": "1", "max_over_mean": 2.67, "intervals": 3,
+                              "expert": "3"}  # fmt: skip
+    balanced = {1: {'dllm_expert_load_skew{layer="0"}': points(1.4, 1.6, 1.5)}}
+    assert hardware.expert_skew(fleet(deployment(instance(1)), series=balanced)) == []
 
 
 def _steps(total_s: float, count: float, buckets: int = 3) -> dict[str, Points]:
