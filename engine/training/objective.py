@@ -47,10 +47,21 @@ def training_mask(length: int, block: int, device: torch.device | None = None) -
 
 
 def corrupt(
-    ids: Tensor, block: int, mask_token_id: int, gen: torch.Generator
+    ids: Tensor,
+    block: int,
+    mask_token_id: int,
+    gen: torch.Generator,
+    suffix_share: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """(noisy ids, masked) for clean ids (N, L): per block a ratio t ~ U(0, 1], each token
-    masked with probability t, at least one per block."""
+    masked with probability t, at least one per block.
+
+    With `suffix_share` > 0, that share of the blocks instead masks a suffix: every position
+    from a uniformly drawn k in [0, B) on. Threshold decoding mostly unmasks from the left, so
+    "clean prefix, masked rest" is the state the engine meets most; uniform masks alone spend
+    most targets on gaps with right context that decoding never has. (The ratio is still random
+    per block: (B - k) / B.)
+    """
     n, length = ids.shape
     nblocks = length // block
     ratio = torch.rand(n, nblocks, 1, generator=gen).clamp(min=MIN_MASK_RATIO)
@@ -59,6 +70,12 @@ def corrupt(
     # The lowest draw of each block is always masked, so no block is left without a target.
     lowest = draws.argmin(dim=-1, keepdim=True)
     masked.scatter_(-1, lowest, True)
+    if suffix_share > 0:
+        # Drawn only when asked, so the held-out masks of evaluations stay what they were.
+        use_suffix = torch.rand(n, nblocks, 1, generator=gen) < suffix_share
+        first = torch.randint(0, block, (n, nblocks, 1), generator=gen)
+        suffix = torch.arange(block).view(1, 1, block) >= first
+        masked = torch.where(use_suffix, suffix, masked)
     masked = masked.view(n, length)
     return torch.where(masked, torch.full_like(ids, mask_token_id), ids), masked
 

@@ -106,3 +106,27 @@ def test_the_export_writes_back_the_checkpoint_it_was_loaded_from(
     assert set(exported) == set(original)
     for name, tensor in original.items():
         assert torch.equal(exported[name], tensor), name
+
+
+def test_block_size_one_is_autoregressive_prediction() -> None:
+    # B = 1 (the recipe's AR phase): every position is a target and sees only earlier tokens.
+    mask = training_mask(4, 1)
+    assert mask[2, :4].tolist() == [False, False, True, False]  # itself (the mask token)
+    assert mask[2, 4:].tolist() == [True, True, False, False]  # clean tokens before it
+    gen = torch.Generator().manual_seed(0)
+    _, masked = corrupt(torch.randint(4, 300, (8, 16), generator=gen), 1, MASK_ID, gen, 0.5)
+    assert masked.all()
+
+
+def test_suffix_masks_leave_a_clean_prefix_in_their_share_of_blocks() -> None:
+    gen = torch.Generator().manual_seed(0)
+    clean = torch.randint(4, 300, (256, 16), generator=gen)
+    _, masked = corrupt(clean, 8, MASK_ID, gen, suffix_share=1.0)
+    blocks = masked.view(-1, 8).long()
+    # Once masked, masked to the end of the block: a clean prefix of k in [0, 8) tokens.
+    assert (blocks.diff(dim=-1) >= 0).all() and blocks[:, -1].all()
+    assert set(blocks.sum(dim=-1).tolist()) == set(range(1, 9))
+    # Without suffix masks the draws are the old ones (evaluations keep their held-out masks).
+    a = corrupt(clean, 8, MASK_ID, torch.Generator().manual_seed(1))
+    b = corrupt(clean, 8, MASK_ID, torch.Generator().manual_seed(1), suffix_share=0.0)
+    assert torch.equal(a[1], b[1])
