@@ -76,7 +76,15 @@ def test_recommendation_sentences() -> None:
         results, chosen, strict, Path("out/cfg.yaml"), model_dir=None, deployment="prod"
     )
     assert lines[0].startswith("recommended: B4 ref, the fastest (p50) setting with agreement")
-    assert lines[-1] == "  dctl rollout prod --engine-config out/cfg.yaml --canary 10%"
+    # The keys go into the deployment's whole config (a rollout's --engine-config replaces it):
+    # --apply merges them; by hand, into FILE.
+    assert "run again with --apply" in lines[1] and "out/cfg.yaml" in lines[1]
+    assert lines[-1] == "  dctl rollout prod --engine-config FILE --canary 10%"
+    applying = recommendation_lines(
+        results, chosen, strict, Path("out/cfg.yaml"), model_dir=None, deployment="prod",
+        applying=True,
+    )  # fmt: skip
+    assert applying[-1] == "applying it to prod (--apply): a 10% config rollout"
     faster = results[1:]  # without the reference
     assert recommend(faster, Criterion(min_quality=0.9)) is None
     nothing = recommendation_lines(
