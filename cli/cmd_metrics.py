@@ -144,6 +144,9 @@ def _watch(
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
+    # Explicitly too: a process started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, stop)
     last, failing = text, False
     try:
         while True:

@@ -316,7 +316,9 @@ def test_watch_rewrites_the_file_only_when_the_targets_change(plane: Plane, tmp_
         watcher.send_signal(signal.SIGINT)
         _, err = watcher.communicate(timeout=15)
     assert watcher.returncode == 0, err
-    assert err.count("wrote") == 2, err
+    # At least the first write and the gateway's; a host or gateway that fell silent meanwhile
+    # (slow machine) is a change too. No rewrite without a change is the inode check above.
+    assert err.count("wrote") >= 2, err
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
