@@ -10,13 +10,13 @@ from engine.model import Model
 
 def hf_state_dict(model: Model, dtype: torch.dtype) -> dict[str, Tensor]:
     """Per-expert `mlp.experts.{e}.*_proj.weight` names, as SDAR / Qwen3-MoE checkpoints
-    on the Hub store them; contiguous copies in `dtype`."""
+    on the Hub store them; contiguous CPU copies in `dtype` (what safetensors writes)."""
     cfg = model.config
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     inter = cfg.moe_intermediate_size
 
     def out(t: Tensor) -> Tensor:
-        return t.detach().to(dtype).contiguous().clone()
+        return t.detach().to(device="cpu", dtype=dtype).contiguous().clone()
 
     state: dict[str, Tensor] = {"model.embed_tokens.weight": out(model.embed.weight)}
     for i, layer in enumerate(model.layers):

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,10 @@ class Recipe:
     # over the whole text (1.4M) that is a few passes and leaves the model unsure of every word;
     # fewer books are seen more often.
     books: tuple[str, ...] | None = None
+    # "cpu" (the shipped recipe) or "cuda". CUDA kernels are deterministic where torch has a
+    # deterministic version (the others warn), so a GPU run repeats on the same GPU and torch,
+    # not bit for bit on another.
+    device: str = "cpu"
 
 
 def learning_rate(recipe: Recipe, step: int) -> float:
@@ -136,8 +141,10 @@ def evaluate(
     """(masked-token loss, accuracy) on fixed held-out windows with a fixed masking."""
     gen = torch.Generator().manual_seed(seed)
     total_loss, total_right, total = 0.0, 0, 0
+    dev = model.device
     for rows in held.split(16):
         noisy, masked = corrupt(rows, block, mask_token_id, gen)
+        rows, noisy, masked = rows.to(dev), noisy.to(dev), masked.to(dev)
         logits = masked_logits(model, rows, noisy, masked, block)
         targets = rows[masked]
         total_loss += float(torch.nn.functional.cross_entropy(logits, targets, reduction="sum"))
@@ -160,13 +167,28 @@ def word_list(chapters: list[Chapter]) -> list[str]:
 
 
 def train(
-    bible: Path, out: Path, recipe: Recipe, log_every: int = 20, snapshot_every: int = 0
+    bible: Path,
+    out: Path,
+    recipe: Recipe,
+    log_every: int = 20,
+    snapshot_every: int = 0,
+    budget_minutes: float | None = None,
 ) -> dict[str, Any]:
     """Train and write the checkpoint into `out` (a new or empty directory); with
-    `snapshot_every`, also a loadable checkpoint of the weights so far in `out/step-N`."""
+    `snapshot_every`, also a loadable checkpoint of the weights so far in `out/step-N`.
+
+    With `budget_minutes`, the number of steps is chosen after the warm-up (whose learning
+    rates do not depend on it) from the measured step time, so that training ends within the
+    budget; the steps taken are recorded, and `--steps N` repeats the run."""
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
-    torch.use_deterministic_algorithms(True)
+    device = torch.device(recipe.device)
+    if device.type == "cuda":
+        # cuBLAS is deterministic only with a fixed workspace; set before its first use.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch.use_deterministic_algorithms(True)
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"{out} is not empty; choose a new directory")
     out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +215,9 @@ def train(
     held = held_out_windows(tokenizer, held_chapters, recipe)
     gen = torch.Generator().manual_seed(recipe.seed)
     model = Model(cfg, dtype=torch.float32)
+    # Initialised on the CPU from the seed, so a GPU run starts from the CPU run's weights.
     initialise(model, gen)
+    model.to(device)
     params = list(model.named_parameters())
     optimiser = torch.optim.AdamW(
         [
@@ -213,12 +237,18 @@ def train(
     started = time.monotonic()
     recent: list[float] = []
     ar_steps = round(recipe.ar_share * recipe.steps)
-    for step in range(recipe.steps):
+    step = 0
+    while step < recipe.steps:
+        if budget_minutes is not None and step == recipe.warmup:
+            recipe = _steps_within(recipe, budget_minutes, time.monotonic() - started)
+            ar_steps = round(recipe.ar_share * recipe.steps)
+            print(f"budget {budget_minutes:g} min: {recipe.steps} steps", flush=True)
         block = AR_BLOCK if step < ar_steps else BLOCK_SIZES[step % len(BLOCK_SIZES)]
         for group in optimiser.param_groups:
             group["lr"] = learning_rate(recipe, step)
         clean = windows(stream, recipe.batch, recipe.seq_len, gen)
         noisy, masked = corrupt(clean, block, mask_id, gen, recipe.suffix_share)
+        clean, noisy, masked = clean.to(device), noisy.to(device), masked.to(device)
         losses = block_diffusion_loss(model, clean, noisy, masked, block)
         total = losses.diffusion + BALANCE_WEIGHT * losses.balance
         optimiser.zero_grad(set_to_none=True)
@@ -231,13 +261,15 @@ def train(
             eta = elapsed / (step + 1) * (recipe.steps - step - 1)
             print(
                 f"step {step + 1}/{recipe.steps} loss {sum(recent) / len(recent):.3f} "
-                f"balance {float(losses.balance):.3f} lr {learning_rate(recipe, step):.2e} "
+                f"balance {float(losses.balance.detach()):.3f} "
+                f"lr {learning_rate(recipe, step):.2e} "
                 f"{elapsed / 60:.1f} min, {eta / 60:.1f} min left",
                 flush=True,
             )
             recent.clear()
         if snapshot_every and (step + 1) % snapshot_every == 0 and step + 1 < recipe.steps:
             save_checkpoint(out / f"step-{step + 1}", model, config, ids)
+        step += 1
     minutes = (time.monotonic() - started) / 60
     after = evaluate(model, held, mask_id, 16, recipe.seed)
     print(
@@ -263,11 +295,20 @@ def train(
         "heldout_accuracy": round(after[1], 4),
         "train_minutes": round(minutes, 1),
         "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "corpus_sha256": KJV_VERSES_SHA256,
         "held_out_every": HELD_OUT_EVERY,
     }
     write_json(out / "training.json", figures)
     return figures
+
+
+def _steps_within(recipe: Recipe, budget_minutes: float, elapsed_s: float) -> Recipe:
+    """The recipe with as many steps as fit the budget at the warm-up's pace (a tenth of the
+    budget is kept for the evaluations and the export)."""
+    per_step = elapsed_s / max(1, recipe.warmup)
+    left = budget_minutes * 60 * 0.9 - elapsed_s
+    return replace(recipe, steps=recipe.warmup + max(1, int(left / per_step)))
 
 
 def save_checkpoint(out: Path, model: Model, config: dict[str, Any], ids: dict[str, int]) -> None:
@@ -332,6 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         help="share of diffusion blocks masked as a suffix",
     )
     parser.add_argument("--books", help="comma-separated books to train on (default: all)")
+    parser.add_argument("--batch", type=int, default=defaults.batch, help="windows per step")
+    parser.add_argument("--lr", type=float, default=defaults.peak_lr, help="peak learning rate")
+    parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        help="time budget: choose the number of steps after the warm-up so training fits it",
+    )
     args = parser.parse_args(argv)
     books = tuple(b.strip() for b in args.books.split(",")) if args.books else None
     recipe = Recipe(
@@ -341,8 +390,17 @@ def main(argv: list[str] | None = None) -> int:
         ar_share=args.ar_share,
         suffix_share=args.suffix_share,
         books=books,
+        batch=args.batch,
+        peak_lr=args.lr,
+        device=args.device,
     )
-    figures = train(args.bible, args.out, recipe, snapshot_every=args.snapshot_every)
+    figures = train(
+        args.bible,
+        args.out,
+        recipe,
+        snapshot_every=args.snapshot_every,
+        budget_minutes=args.minutes,
+    )
     print(json.dumps(figures, indent=2))
     return 0
 
