@@ -20,6 +20,7 @@ from cli import (
     cmd_gateway,
     cmd_metrics,
     cmd_model,
+    cmd_provision,
     cmd_rollout,
     cmd_server,
     cmd_tune,
@@ -62,6 +63,7 @@ def root(
 
 for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
     module.register(app)
+cmd_provision.register(cmd_fleet.host_app)
 cmd_fleet.register(app)
 cmd_metrics.register(app)
 cmd_doctor.register(app)

@@ -27,7 +27,8 @@ from cli.remote import connect, validated
 from protocol.vocabulary import CreatableRole
 
 host_app = typer.Typer(
-    help="Hosts: list, show, drain, undrain, rekey, remove.", no_args_is_help=True
+    help="Hosts: list, show, drain, undrain, rekey, remove, provision, deprovision.",
+    no_args_is_help=True,
 )
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
 context_app = typer.Typer(

@@ -1,0 +1,560 @@
+"""Provision one host over SSH: facts, layout, install, configure, start, wait for it to register.
+
+    connect -> facts -> (unchanged? stop here) -> prefix -> wheels -> venv -> config + token
+            -> start -> registered with a preflight verdict -> manifest
+
+Every change is journalled with its undo; a failure at any step undoes what this run changed
+(nothing is left half-installed) and reports the step, the remote command (secrets masked) and
+its stderr. The manifest (`provisioned.json` under the prefix) is written last: it is what makes
+a second run "unchanged", and it exists only when a run completed.
+
+Venvs live in `venvs/<wheel digest>` behind a `venv` symlink, so an upgrade installs beside the
+running version and switches the link, and undoing it switches back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from cli.provision.facts import HostFacts, hard_failures, run_facts
+from cli.provision.fleet import BootstrapToken, Fleet
+from cli.provision.inventory import HostSpec
+from cli.provision.journal import Journal
+from cli.provision.layout import (
+    SERVICE_USER,
+    Layout,
+    agent_config,
+    choose_layout,
+    running_command,
+    start_detached_command,
+    stop_command,
+    systemd_unit,
+)
+from cli.provision.ssh import CommandResult, ProvisionError, Remote, SshOptions
+from cli.provision.wheel import DctlWheel
+
+q = shlex.quote
+# Free disk the prefix needs: torch and its CUDA libraries dwarf everything else.
+NEEDS_BYTES = {"engine": 4 << 30, None: 512 << 20}
+POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every host of one `dctl host provision` run shares."""
+
+    control_plane: str
+    wheel: DctlWheel
+    wheelhouse: tuple[Path, ...] = ()
+    password: str | None = None
+    upgrade: bool = False
+    dry_run: bool = False
+    register_timeout_s: float = 180.0
+    drain_timeout_s: float = 600.0
+
+
+@dataclass
+class Outcome:
+    """One host's result: a row of the table at the end."""
+
+    host: str
+    name: str | None = None
+    result: str = "failed"  # provisioned, unchanged, upgraded, restarted, planned, failed
+    agent_version: str | None = None
+    preflight: str | None = None
+    seconds: float = 0.0
+    step: str | None = None
+    error: str | None = None
+    plan: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Anything but a failure (a failing preflight is reported, not a failure)."""
+        return self.result != "failed"
+
+
+class StepFailed(ProvisionError):
+    """A step could not be done; the message says why and what to do."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class DryRun:
+    """Stands in for the remote while planning: records every change, runs nothing."""
+
+    def __init__(self) -> None:
+        self.plan: list[str] = []
+
+    def run(
+        self, command: str, *, check: bool = True, timeout_s: float | None = None
+    ) -> CommandResult:
+        """Record COMMAND; it 'succeeds' with no output."""
+        self.plan.append(f"$ {command}")
+        return CommandResult(command, 0, "", "")
+
+    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
+        """Record an upload (never its content: it may be the token)."""
+        self.plan.append(f"upload {len(data)} bytes -> {remote_path} (mode {mode:o})")
+
+    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
+        """Record an upload of LOCAL."""
+        self.plan.append(f"upload {local.name} -> {remote_path} (mode {mode:o})")
+
+
+def preflight_verdict(checks: list[Any]) -> str:
+    """`pass`, `pass (warn: a, b)` or `fail: a, b` from a host's preflight checks (a warning,
+    such as fake GPUs, does not keep engines off the host; a failure does)."""
+    failed = [c.name for c in checks if c.status == "fail"]
+    warned = [c.name for c in checks if c.status == "warn"]
+    if failed:
+        return "fail: " + ", ".join(failed)
+    return f"pass (warn: {', '.join(warned)})" if warned else "pass"
+
+
+def desired_manifest(
+    wheel: DctlWheel, spec: HostSpec, layout: Layout, name: str, config: str, unit: str | None
+) -> dict[str, Any]:
+    """What a completed run leaves in `provisioned.json` (compared without `provisioned_at`)."""
+    import hashlib
+
+    digest = hashlib.sha256((config + "\0" + (unit or "")).encode()).hexdigest()
+    return {
+        "dctl_version": wheel.version,
+        "wheel_digest": wheel.digest,
+        "extras": sorted(spec.extras),
+        "name": name,
+        "mode": layout.mode,
+        "files_sha256": digest,
+    }
+
+
+class HostProvisioner:
+    """Provisions one host; `run()` never raises, it returns the host's `Outcome`."""
+
+    def __init__(
+        self,
+        spec: HostSpec,
+        options: RunOptions,
+        fleet: Fleet,
+        log: logging.Logger,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.spec, self.options, self.fleet, self.log = spec, options, fleet, log
+        self.clock, self.sleep = clock, sleep
+        self.outcome = Outcome(host=str(spec.target), name=spec.name)
+        self.journal = Journal()
+        self.token: BootstrapToken | None = None
+
+    def run(self) -> Outcome:
+        """Provision the host (or plan it with `dry_run`) and say how it went."""
+        started = self.clock()
+        step = ["connect"]
+        try:
+            ssh = SshOptions(
+                key_file=self.spec.key_file,
+                password=self.options.password,
+                known_hosts=self.spec.known_hosts,
+                accept_new_host_key=self.spec.accept_new_host_key,
+            )
+            with Remote(self.spec.target, ssh, log=self.log) as remote:
+                self._provision(remote, step)
+        except ProvisionError as exc:
+            self.outcome.result = "failed"
+            self.outcome.step = getattr(exc, "step", step[0])
+            self.outcome.error = str(exc)
+        except Exception as exc:  # a bug or a dropped link: still one row, with the cause
+            self.log.exception("provisioning %s failed", self.spec.target)
+            self.outcome.result, self.outcome.step = "failed", step[0]
+            self.outcome.error = f"{type(exc).__name__}: {exc}"
+        self.outcome.seconds = round(self.clock() - started, 1)
+        return self.outcome
+
+    # --- the flow ------------------------------------------------------------------------------
+
+    def _provision(self, remote: Remote, step: list[str]) -> None:
+        spec, options = self.spec, self.options
+        step[0] = "facts"
+        guess = spec.prefix or ("/opt/dctl" if spec.sudo else "~/.local/share/dctl-agent")
+        facts = run_facts(remote, guess, spec.python)
+        need = NEEDS_BYTES["engine" if "engine" in spec.extras else None]
+        failures = hard_failures(facts, want_root=spec.sudo, min_free_bytes=need)
+        if failures:
+            raise StepFailed("facts", "; ".join(failures) + " (nothing was installed)")
+        layout = choose_layout(facts, sudo=spec.sudo, prefix=spec.prefix)
+        if layout.run_as != facts.user:
+            self._check_service_user_reaches(remote, facts.python)
+        name = spec.name or self._hostname(remote)
+        self.outcome.name = name
+        config = agent_config(
+            control_plane=options.control_plane,
+            name=name,
+            layout=layout,
+            labels=spec.labels,
+            settings=spec.settings,
+        )
+        unit = systemd_unit(layout) if layout.systemd else None
+        desired = desired_manifest(options.wheel, spec, layout, name, config, unit)
+        current = self._manifest(remote, layout)
+        known = self.fleet.host(name)
+        running = remote.run(running_command(layout), check=False).ok
+        has_identity = remote.run(
+            f"{layout.sudo}test -s {q(layout.data_dir + '/agent/agent-token')}", check=False
+        ).ok
+        if current is not None and _same(current, desired) and running and known is not None:
+            self.outcome.result = "unchanged"
+            self.outcome.agent_version = known.facts.agent_version if known.facts else None
+            self.outcome.preflight = preflight_verdict(known.facts.preflight if known.facts else [])
+            return
+        upgrading = current is not None and current.get("wheel_digest") != desired["wheel_digest"]
+        if upgrading and not options.upgrade:
+            raise StepFailed(
+                "facts",
+                f"{layout.prefix} holds dctl {current.get('dctl_version')} "  # type: ignore[union-attr]
+                f"({str(current.get('wheel_digest'))[:12]}), this is dctl {options.wheel.version} "  # type: ignore[union-attr]
+                f"({options.wheel.digest[:12]}): run again with --upgrade to drain the host, "
+                "replace the agent and undrain it",
+            )
+        if known is not None and not has_identity:
+            raise StepFailed(
+                "facts",
+                f"a host named {name!r} is already registered and this machine has no agent "
+                f"identity under {layout.data_dir}: give this one another --name, or run "
+                f"`dctl host remove {name}` first if it is the same machine reinstalled",
+            )
+        if options.dry_run:
+            planner = DryRun()
+            self._install(planner, remote, facts, layout, config, unit, token_needed=known is None)
+            self.outcome.result, self.outcome.plan = "planned", planner.plan
+            return
+        drained = upgrading and known is not None
+        if drained:
+            step[0] = "drain"
+            self._drain(name)
+        try:
+            step[0] = "install"
+            token_needed = known is None
+            self._install(remote, remote, facts, layout, config, unit, token_needed, step)
+            step[0] = "register"
+            host = self._wait_registered(remote, layout, name, since=datetime.now(UTC))
+        except BaseException:
+            left = self.journal.rollback(remote, self.log)
+            if self.token is not None:
+                self._revoke_unused()
+            if drained and not left:
+                self.fleet.undrain(name)
+            elif drained:
+                self.log.warning(
+                    "host %s left drained: `dctl host undrain %s` once fixed", name, name
+                )
+            raise
+        step[0] = "finish"
+        self._finish(remote, layout, desired)
+        if drained:
+            self.fleet.undrain(name)
+        self.outcome.result = (
+            "upgraded" if upgrading else "provisioned" if current is None else "restarted"
+        )
+        self.outcome.agent_version = host.facts.agent_version if host.facts else None
+        self.outcome.preflight = preflight_verdict(host.facts.preflight if host.facts else [])
+
+    def _install(
+        self,
+        r: Any,
+        probe: Remote,
+        facts: HostFacts,
+        layout: Layout,
+        config: str,
+        unit: str | None,
+        token_needed: bool,
+        step: list[str] | None = None,
+    ) -> None:
+        """Every change, each journalled; R runs them (the remote, or the dry run's recorder),
+        PROBE answers the read-only questions."""
+        s, prefix = layout.sudo, layout.prefix
+        owner = f"-o {layout.run_as} -g {layout.run_as} " if layout.mode == "system" else ""
+
+        def at(name: str) -> None:
+            if step is not None:
+                step[0] = name
+
+        at("prefix")
+        if not probe.run(f"{s}test -d {q(prefix)}", check=False).ok:
+            r.run(f"{s}mkdir -p {q(prefix)}")
+            self.journal.record("prefix", f"{s}rm -rf {q(prefix)}")
+        if layout.mode == "system" and not probe.run(f"id -u {SERVICE_USER}", check=False).ok:
+            # `|| id`: another run on this host may have created it meanwhile.
+            r.run(
+                f"{s}useradd --system --user-group --no-create-home --home-dir {q(prefix)} "
+                f"--shell /usr/sbin/nologin {SERVICE_USER} || id -u {SERVICE_USER} >/dev/null"
+            )
+            self.journal.record("service user", f"{s}userdel {SERVICE_USER}")
+        dirs = " ".join(q(d) for d in (layout.wheels, layout.data_dir, f"{prefix}/venvs"))
+        r.run(
+            f"{s}mkdir -p {dirs} && {s}chmod 0755 {q(prefix)} && {s}chmod 0700 {q(layout.data_dir)}"
+        )
+        if layout.mode == "system":
+            r.run(f"{s}chown -R {layout.run_as}:{layout.run_as} {q(prefix)}")
+
+        with self._staging(r, probe) as staging:
+            at("upload")
+            present = self._present_wheels(probe, layout)
+            sent = []
+            for local in (self.options.wheel.path, *self.options.wheelhouse):
+                if present.get(local.name) != local.stat().st_size:
+                    r.put_file(local, f"{staging}/{local.name}")
+                    sent.append(q(f"{staging}/{local.name}"))
+            if sent:
+                # One command for all: each round trip costs about as much as a small upload.
+                r.run(f"{s}install -m 0644 {owner}{' '.join(sent)} {q(layout.wheels)}/")
+
+            at("venv")
+            venv = f"{prefix}/venvs/{self.options.wheel.digest[:16]}"
+            if not probe.run(f"test -x {q(venv + '/bin/python')}", check=False).ok:
+                r.run(_as_service(layout, facts, f"{q(facts.python)} -m venv {q(venv)}"))
+                self.journal.record("venv", f"{s}rm -rf {q(venv)}")
+            at("install")
+            extras = f"[{','.join(self.spec.extras)}]" if self.spec.extras else ""
+            wheel = f"{layout.wheels}/{self.options.wheel.path.name}"
+            index = "--no-index " if self.options.wheelhouse else ""
+            r.run(
+                _as_service(
+                    layout,
+                    facts,
+                    f"{q(venv + '/bin/python')} -m pip install --quiet --disable-pip-version-check "
+                    f"--no-input --no-cache-dir {index}--find-links {q(layout.wheels)} "
+                    f"{q(wheel + extras)}",
+                ),
+                timeout_s=1800,
+            )
+
+            at("stop")
+            if probe.run(running_command(layout), check=False).ok:
+                r.run(stop_command(layout))
+                self.journal.record("agent stopped", self._start(layout, unit))
+            at("configure")
+            link = f"{prefix}/venv"
+            old = probe.run(f"readlink {q(link)}", check=False).stdout.strip()
+            r.run(
+                f"{s}ln -sfn {q(venv)} {q(link + '.new')} && {s}mv -Tf {q(link + '.new')} {q(link)}"
+            )
+            self.journal.record(
+                "venv link",
+                f"{s}ln -sfn {q(old)} {q(link)}" if old else f"{s}rm -f {q(link)}",
+            )
+            self._put(r, probe, staging, layout, config.encode(), layout.config_file, 0o644)
+            if token_needed:
+                if isinstance(r, DryRun):
+                    secret = b"<one-use bootstrap token>"
+                else:
+                    self.token = self.fleet.bootstrap_token(self.outcome.name or "")
+                    probe.add_secret(self.token.secret)
+                    secret = self.token.secret.encode()
+                self._put(r, probe, staging, layout, secret, layout.token_file, 0o600)
+            if unit is not None:
+                self._put(r, probe, staging, layout, unit.encode(), layout.unit_path, 0o644,
+                          owned=False)  # fmt: skip
+            at("start")
+            r.run(self._start(layout, unit))
+            self.journal.record("agent started", stop_command(layout))
+
+    def _put(
+        self,
+        r: Any,
+        probe: Remote,
+        staging: str,
+        layout: Layout,
+        data: bytes,
+        path: str,
+        mode: int,
+        *,
+        owned: bool = True,
+    ) -> None:
+        """Write DATA to PATH through the staging directory (SFTP writes as the SSH user), with
+        MODE and the service user as owner; the previous file is restored on undo."""
+        s = layout.sudo
+        owner = (
+            f"-o {layout.run_as} -g {layout.run_as} " if owned and layout.mode == "system" else ""
+        )
+        staged = f"{staging}/{Path(path).name}"
+        r.put_bytes(data, staged, mode)
+        if probe.run(f"{s}test -e {q(path)}", check=False).ok:
+            r.run(f"{s}cp -p {q(path)} {q(path + '.prev')}")
+            self.journal.record(path, f"{s}mv -f {q(path + '.prev')} {q(path)}")
+        else:
+            self.journal.record(path, f"{s}rm -f {q(path)}")
+        parent = q(str(Path(path).parent))
+        r.run(f"{s}mkdir -p {parent} && {s}install -m {mode:04o} {owner}{q(staged)} {q(path)}")
+
+    @contextmanager
+    def _staging(self, r: Any, probe: Remote) -> Iterator[str]:
+        """A private temporary directory on the host, removed whatever happens."""
+        if isinstance(r, DryRun):
+            yield "$STAGING"
+            return
+        staging = probe.run("mktemp -d /tmp/dctl-provision.XXXXXX").stdout.strip()
+        try:
+            yield staging
+        finally:
+            probe.run(f"rm -rf {q(staging)}", check=False)
+
+    def _start(self, layout: Layout, unit: str | None) -> str:
+        if unit is None:
+            return start_detached_command(layout)
+        ctl = layout.systemctl
+        return f"{ctl} daemon-reload && {ctl} enable dctl-agent && {ctl} restart dctl-agent"
+
+    def _present_wheels(self, probe: Remote, layout: Layout) -> dict[str, int]:
+        listing = probe.run(
+            f"{layout.sudo}find {q(layout.wheels)} -maxdepth 1 -type f -printf '%f %s\\n'",
+            check=False,
+        )
+        present: dict[str, int] = {}
+        for line in listing.stdout.splitlines():
+            file, _, size = line.rpartition(" ")
+            if size.isdigit():
+                present[file] = int(size)
+        return present
+
+    def _manifest(self, remote: Remote, layout: Layout) -> dict[str, Any] | None:
+        found = remote.run(f"{layout.sudo}cat {q(layout.manifest_file)}", check=False)
+        if not found.ok:
+            return None
+        try:
+            data = json.loads(found.stdout)
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _finish(self, remote: Remote, layout: Layout, desired: dict[str, Any]) -> None:
+        """The manifest (the run is complete), then what the previous version left behind."""
+        s = layout.sudo
+        manifest = {**desired, "provisioned_at": datetime.now(UTC).isoformat(timespec="seconds")}
+        with self._staging(remote, remote) as staging:
+            staged = f"{staging}/provisioned.json"
+            remote.put_bytes(json.dumps(manifest, indent=2).encode(), staged, 0o644)
+            remote.run(f"{s}install -m 0644 {q(staged)} {q(layout.manifest_file)}")
+        keep = f"{layout.prefix}/venvs/{self.options.wheel.digest[:16]}"
+        remote.run(
+            f"{s}find {q(layout.prefix + '/venvs')} -mindepth 1 -maxdepth 1 ! -path {q(keep)} "
+            f"-exec rm -rf {{}} + ; {s}rm -f {q(layout.prefix)}/*.prev",
+            check=False,
+        )
+        self.journal.entries.clear()
+
+    def _check_service_user_reaches(self, remote: Remote, python: str) -> None:
+        """The service user runs the venv's Python: refuse one it cannot reach (a pyenv shim
+        under root's 0700 home, say) before anything is installed."""
+        # The first folder on the way that others may not enter, or the file others cannot run.
+        script = (
+            f"p=$(readlink -f {q(python)}) || exit 0; d=$p; "
+            'while [ "$d" != / ]; do case $(stat -c %a "$d") in *[1357]) ;; '
+            '*) echo "$d"; exit 1;; esac; d=$(dirname "$d"); done'
+        )
+        found = remote.run(script, check=False)
+        if not found.ok:
+            raise StepFailed(
+                "facts",
+                f"the service user {SERVICE_USER} cannot run {python}: "
+                f"{found.stdout.strip()} is closed to other users; pass --python with a "
+                "system-wide Python >= 3.11 (e.g. /usr/bin/python3.11); nothing was installed",
+            )
+
+    def _hostname(self, remote: Remote) -> str:
+        from pydantic import TypeAdapter, ValidationError
+
+        from protocol.wire import Name
+
+        name = remote.run("hostname -s 2>/dev/null || hostname").stdout.strip().lower()
+        try:
+            return str(TypeAdapter(Name).validate_python(name))
+        except ValidationError:
+            raise StepFailed(
+                "facts", f"the host calls itself {name!r}, not a valid fleet name: pass --name"
+            ) from None
+
+    def _drain(self, name: str) -> None:
+        """Drain the host and wait until its instances have moved away."""
+        self.fleet.drain(name)
+        deadline = self.clock() + self.options.drain_timeout_s
+        while True:
+            host = self.fleet.host(name)
+            if host is None or not host.instances:
+                return
+            if self.clock() > deadline:
+                self.fleet.undrain(name)
+                raise StepFailed(
+                    "drain",
+                    f"{len(host.instances)} instance(s) still on {name} after "
+                    f"{self.options.drain_timeout_s:.0f} s of draining; the host was undrained "
+                    "and nothing was changed",
+                )
+            self.sleep(POLL_S * 4)
+
+    def _wait_registered(
+        self, remote: Remote, layout: Layout, name: str, *, since: datetime
+    ) -> Any:
+        """The host once its restarted agent has heartbeated with a preflight report."""
+        deadline = self.clock() + self.options.register_timeout_s
+        while True:
+            host = self.fleet.host(name)
+            seen = host.last_seen_at if host is not None else None
+            if seen is not None and seen.tzinfo is None:
+                seen = seen.replace(tzinfo=UTC)
+            if host and seen and seen >= since and host.facts and host.facts.preflight:
+                self.token = None  # used: nothing to revoke
+                return host
+            if self.clock() > deadline:
+                raise StepFailed(
+                    "register",
+                    f"the agent did not register within {self.options.register_timeout_s:.0f} s; "
+                    f"its last log lines:\n{self._agent_log(remote, layout)}",
+                )
+            if not remote.run(running_command(layout), check=False).ok:
+                raise StepFailed(
+                    "register",
+                    f"the agent exited; its last log lines:\n{self._agent_log(remote, layout)}",
+                )
+            self.sleep(POLL_S)
+
+    def _agent_log(self, remote: Remote, layout: Layout) -> str:
+        if layout.systemd:
+            command = f"{layout.sudo}journalctl {'--user ' if layout.mode == 'user' else ''}"
+            command += "-u dctl-agent -n 20 --no-pager"
+        else:
+            command = f"{layout.sudo}tail -n 20 {q(layout.log_file)}"
+        return remote.run(command, check=False).stdout.strip() or "(no log)"
+
+    def _revoke_unused(self) -> None:
+        try:
+            if self.token is not None:
+                self.fleet.revoke(self.token)
+        except Exception as exc:
+            self.log.warning("could not revoke the unused bootstrap token: %s", exc)
+        self.token = None
+
+
+def _same(current: dict[str, Any], desired: dict[str, Any]) -> bool:
+    return {k: v for k, v in current.items() if k != "provisioned_at"} == desired
+
+
+def _as_service(layout: Layout, facts: HostFacts, command: str) -> str:
+    """COMMAND as the user the agent runs as (HOME at the prefix, so pip's caches stay there)."""
+    inner = f"cd {q(layout.prefix)} && HOME={q(layout.prefix)} {command}"
+    if layout.mode == "user" or facts.user == layout.run_as:
+        return inner
+    if facts.uid == 0:
+        return f"runuser -u {layout.run_as} -- sh -c {q(inner)}"
+    return f"sudo -n -u {layout.run_as} sh -c {q(inner)}"

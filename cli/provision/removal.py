@@ -1,0 +1,62 @@
+"""Deprovision a host: stop its agent, remove what provisioning installed, forget the host.
+
+Weight snapshots (the agent's store under `data/snapshots`) stay unless `purge`: they are the
+expensive part to fetch again, and a host provisioned anew reuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+
+from cli.provision.facts import run_facts
+from cli.provision.fleet import Fleet
+from cli.provision.layout import SERVICE_USER, choose_layout, stop_command
+from cli.provision.registry import ProvisionedHost
+from cli.provision.ssh import Remote, SshOptions
+from cli.provision.target import SshTarget
+
+q = shlex.quote
+KEPT = ("snapshots",)  # the snapshot store: verified weights, their manifests, partials
+
+
+def deprovision(
+    host: ProvisionedHost, ssh: SshOptions, fleet: Fleet, log: logging.Logger, *, purge: bool
+) -> list[str]:
+    """Undo a provisioning of HOST; returns what was done, one line each."""
+    done: list[str] = []
+    with Remote(SshTarget.parse(host.target), ssh, log=log) as remote:
+        facts = run_facts(remote, host.prefix, None)
+        layout = choose_layout(facts, sudo=host.sudo, prefix=host.prefix)
+        s, prefix = layout.sudo, layout.prefix
+        remote.run(stop_command(layout))
+        done.append("agent stopped")
+        if layout.systemd:
+            remote.run(
+                f"{s}rm -f {q(layout.unit_path)} && {layout.systemctl} daemon-reload", check=False
+            )
+            done.append(f"removed {layout.unit_path}")
+        if purge:
+            remote.run(f"{s}rm -rf {q(prefix)}")
+            done.append(f"removed {prefix}")
+            if layout.mode == "system":
+                # Only a user nobody runs as any more: another agent (a second prefix) may.
+                gone = remote.run(
+                    f"pgrep -u {SERVICE_USER} >/dev/null || {s}userdel {SERVICE_USER}", check=False
+                )
+                if gone.ok:
+                    done.append(f"removed user {SERVICE_USER} (if no process ran as it)")
+        else:
+            keep = " ".join(f"! -name {name}" for name in KEPT)
+            remote.run(
+                f"if [ -d {q(prefix)} ]; then "
+                f"{s}find {q(prefix)} -mindepth 1 -maxdepth 1 ! -name data -exec rm -rf {{}} + ; "
+                f"{s}find {q(layout.data_dir)} -mindepth 1 -maxdepth 1 {keep} "
+                "-exec rm -rf {} + ; "
+                "fi"
+            )
+            done.append(f"removed {prefix} except the weight snapshots under {layout.data_dir}")
+    if fleet.host(host.name) is not None:
+        fleet.remove(host.name)
+        done.append(f"host {host.name} removed from the control plane")
+    return done
