@@ -51,6 +51,7 @@ class Bench:
         self.work = work
         self.base = Path(tempfile.mkdtemp(prefix="dctl-bench-provision-"))
         self.base.chmod(0o755)  # the service user must reach the prefixes
+        (work / "client").mkdir()
         self.key = client_key(work / "client")
         self.servers = [SshServer(work / f"sshd-{n}", [self.key.with_suffix(".pub")])
                         for n in range(hosts)]  # fmt: skip

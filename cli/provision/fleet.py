@@ -6,9 +6,11 @@ flow reads as the steps of the issue and not as HTTP calls.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from client.http import ControlPlaneClient
@@ -17,6 +19,9 @@ if TYPE_CHECKING:
 # A minted bootstrap token lives this long: enough to install torch on a slow link, short
 # enough that a token left on a failed host is useless by the time anyone finds it.
 BOOTSTRAP_TTL_S = 3600
+# Observed states of an instance whose engine does not run (a drained host keeps its instances,
+# stopped, in place).
+IDLE_STATES = frozenset({"pending", "stopped", "failed"})
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,37 @@ class ApiFleet:
     def remove(self, name: str) -> None:
         """DELETE /hosts/NAME."""
         self.client.remove_host(name)
+
+
+def busy_instances(host: HostOut | None) -> list[Any]:
+    """The host's instances whose engines still run."""
+    if host is None:
+        return []
+    return [i for i in host.instances or [] if i.observed_state not in IDLE_STATES]
+
+
+def drain_and_wait(
+    fleet: Fleet,
+    name: str,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Drain NAME and wait until none of its engines runs; returns how many ran at first.
+
+    Raises `ProvisionError` after TIMEOUT_S (the host stays drained)."""
+    from cli.provision.errors import ProvisionError
+
+    fleet.drain(name)
+    first = busy = len(busy_instances(fleet.host(name)))
+    deadline = clock() + timeout_s
+    while busy:
+        if clock() > deadline:
+            raise ProvisionError(
+                f"{busy} engine(s) still run on {name} after {timeout_s:.0f} s of draining; "
+                f"see `dctl host show {name}`"
+            )
+        sleep(1.0)
+        busy = len(busy_instances(fleet.host(name)))
+    return first

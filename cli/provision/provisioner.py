@@ -18,15 +18,15 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli.provision.facts import HostFacts, hard_failures, run_facts
-from cli.provision.fleet import BootstrapToken, Fleet
+from cli.provision.facts import hard_failures, run_facts
+from cli.provision.fleet import BootstrapToken, Fleet, drain_and_wait
+from cli.provision.install import DryRun, Installer
 from cli.provision.inventory import HostSpec
 from cli.provision.journal import Journal
 from cli.provision.layout import (
@@ -35,11 +35,9 @@ from cli.provision.layout import (
     agent_config,
     choose_layout,
     running_command,
-    start_detached_command,
-    stop_command,
     systemd_unit,
 )
-from cli.provision.ssh import CommandResult, ProvisionError, Remote, SshOptions
+from cli.provision.ssh import ProvisionError, Remote, SshOptions
 from cli.provision.wheel import DctlWheel
 
 q = shlex.quote
@@ -90,28 +88,6 @@ class StepFailed(ProvisionError):
         self.step = step
 
 
-class DryRun:
-    """Stands in for the remote while planning: records every change, runs nothing."""
-
-    def __init__(self) -> None:
-        self.plan: list[str] = []
-
-    def run(
-        self, command: str, *, check: bool = True, timeout_s: float | None = None
-    ) -> CommandResult:
-        """Record COMMAND; it 'succeeds' with no output."""
-        self.plan.append(f"$ {command}")
-        return CommandResult(command, 0, "", "")
-
-    def put_bytes(self, data: bytes, remote_path: str, mode: int = 0o644) -> None:
-        """Record an upload (never its content: it may be the token)."""
-        self.plan.append(f"upload {len(data)} bytes -> {remote_path} (mode {mode:o})")
-
-    def put_file(self, local: Path, remote_path: str, mode: int = 0o644) -> None:
-        """Record an upload of LOCAL."""
-        self.plan.append(f"upload {local.name} -> {remote_path} (mode {mode:o})")
-
-
 def preflight_verdict(checks: list[Any]) -> str:
     """`pass`, `pass (warn: a, b)` or `fail: a, b` from a host's preflight checks (a warning,
     such as fake GPUs, does not keep engines off the host; a failure does)."""
@@ -156,6 +132,9 @@ class HostProvisioner:
         self.clock, self.sleep = clock, sleep
         self.outcome = Outcome(host=str(spec.target), name=spec.name)
         self.journal = Journal()
+        self.installer = Installer(
+            options.wheel, options.wheelhouse, spec.extras, self.journal, self._mint_token
+        )
         self.token: BootstrapToken | None = None
 
     def run(self) -> Outcome:
@@ -236,7 +215,7 @@ class HostProvisioner:
             )
         if options.dry_run:
             planner = DryRun()
-            self._install(planner, remote, facts, layout, config, unit, token_needed=known is None)
+            self.installer.install(planner, remote, facts, layout, config, unit, known is None)
             self.outcome.result, self.outcome.plan = "planned", planner.plan
             return
         drained = upgrading and known is not None
@@ -246,7 +225,7 @@ class HostProvisioner:
         try:
             step[0] = "install"
             token_needed = known is None
-            self._install(remote, remote, facts, layout, config, unit, token_needed, step)
+            self.installer.install(remote, remote, facts, layout, config, unit, token_needed, step)
             step[0] = "register"
             host = self._wait_registered(remote, layout, name, since=datetime.now(UTC))
         except BaseException:
@@ -270,164 +249,6 @@ class HostProvisioner:
         self.outcome.agent_version = host.facts.agent_version if host.facts else None
         self.outcome.preflight = preflight_verdict(host.facts.preflight if host.facts else [])
 
-    def _install(
-        self,
-        r: Any,
-        probe: Remote,
-        facts: HostFacts,
-        layout: Layout,
-        config: str,
-        unit: str | None,
-        token_needed: bool,
-        step: list[str] | None = None,
-    ) -> None:
-        """Every change, each journalled; R runs them (the remote, or the dry run's recorder),
-        PROBE answers the read-only questions."""
-        s, prefix = layout.sudo, layout.prefix
-        owner = f"-o {layout.run_as} -g {layout.run_as} " if layout.mode == "system" else ""
-
-        def at(name: str) -> None:
-            if step is not None:
-                step[0] = name
-
-        at("prefix")
-        if not probe.run(f"{s}test -d {q(prefix)}", check=False).ok:
-            r.run(f"{s}mkdir -p {q(prefix)}")
-            self.journal.record("prefix", f"{s}rm -rf {q(prefix)}")
-        if layout.mode == "system" and not probe.run(f"id -u {SERVICE_USER}", check=False).ok:
-            # `|| id`: another run on this host may have created it meanwhile.
-            r.run(
-                f"{s}useradd --system --user-group --no-create-home --home-dir {q(prefix)} "
-                f"--shell /usr/sbin/nologin {SERVICE_USER} || id -u {SERVICE_USER} >/dev/null"
-            )
-            self.journal.record("service user", f"{s}userdel {SERVICE_USER}")
-        dirs = " ".join(q(d) for d in (layout.wheels, layout.data_dir, f"{prefix}/venvs"))
-        r.run(
-            f"{s}mkdir -p {dirs} && {s}chmod 0755 {q(prefix)} && {s}chmod 0700 {q(layout.data_dir)}"
-        )
-        if layout.mode == "system":
-            r.run(f"{s}chown -R {layout.run_as}:{layout.run_as} {q(prefix)}")
-
-        with self._staging(r, probe) as staging:
-            at("upload")
-            present = self._present_wheels(probe, layout)
-            sent = []
-            for local in (self.options.wheel.path, *self.options.wheelhouse):
-                if present.get(local.name) != local.stat().st_size:
-                    r.put_file(local, f"{staging}/{local.name}")
-                    sent.append(q(f"{staging}/{local.name}"))
-            if sent:
-                # One command for all: each round trip costs about as much as a small upload.
-                r.run(f"{s}install -m 0644 {owner}{' '.join(sent)} {q(layout.wheels)}/")
-
-            at("venv")
-            venv = f"{prefix}/venvs/{self.options.wheel.digest[:16]}"
-            if not probe.run(f"test -x {q(venv + '/bin/python')}", check=False).ok:
-                r.run(_as_service(layout, facts, f"{q(facts.python)} -m venv {q(venv)}"))
-                self.journal.record("venv", f"{s}rm -rf {q(venv)}")
-            at("install")
-            extras = f"[{','.join(self.spec.extras)}]" if self.spec.extras else ""
-            wheel = f"{layout.wheels}/{self.options.wheel.path.name}"
-            index = "--no-index " if self.options.wheelhouse else ""
-            r.run(
-                _as_service(
-                    layout,
-                    facts,
-                    f"{q(venv + '/bin/python')} -m pip install --quiet --disable-pip-version-check "
-                    f"--no-input --no-cache-dir {index}--find-links {q(layout.wheels)} "
-                    f"{q(wheel + extras)}",
-                ),
-                timeout_s=1800,
-            )
-
-            at("stop")
-            if probe.run(running_command(layout), check=False).ok:
-                r.run(stop_command(layout))
-                self.journal.record("agent stopped", self._start(layout, unit))
-            at("configure")
-            link = f"{prefix}/venv"
-            old = probe.run(f"readlink {q(link)}", check=False).stdout.strip()
-            r.run(
-                f"{s}ln -sfn {q(venv)} {q(link + '.new')} && {s}mv -Tf {q(link + '.new')} {q(link)}"
-            )
-            self.journal.record(
-                "venv link",
-                f"{s}ln -sfn {q(old)} {q(link)}" if old else f"{s}rm -f {q(link)}",
-            )
-            self._put(r, probe, staging, layout, config.encode(), layout.config_file, 0o644)
-            if token_needed:
-                if isinstance(r, DryRun):
-                    secret = b"<one-use bootstrap token>"
-                else:
-                    self.token = self.fleet.bootstrap_token(self.outcome.name or "")
-                    probe.add_secret(self.token.secret)
-                    secret = self.token.secret.encode()
-                self._put(r, probe, staging, layout, secret, layout.token_file, 0o600)
-            if unit is not None:
-                self._put(r, probe, staging, layout, unit.encode(), layout.unit_path, 0o644,
-                          owned=False)  # fmt: skip
-            at("start")
-            r.run(self._start(layout, unit))
-            self.journal.record("agent started", stop_command(layout))
-
-    def _put(
-        self,
-        r: Any,
-        probe: Remote,
-        staging: str,
-        layout: Layout,
-        data: bytes,
-        path: str,
-        mode: int,
-        *,
-        owned: bool = True,
-    ) -> None:
-        """Write DATA to PATH through the staging directory (SFTP writes as the SSH user), with
-        MODE and the service user as owner; the previous file is restored on undo."""
-        s = layout.sudo
-        owner = (
-            f"-o {layout.run_as} -g {layout.run_as} " if owned and layout.mode == "system" else ""
-        )
-        staged = f"{staging}/{Path(path).name}"
-        r.put_bytes(data, staged, mode)
-        if probe.run(f"{s}test -e {q(path)}", check=False).ok:
-            r.run(f"{s}cp -p {q(path)} {q(path + '.prev')}")
-            self.journal.record(path, f"{s}mv -f {q(path + '.prev')} {q(path)}")
-        else:
-            self.journal.record(path, f"{s}rm -f {q(path)}")
-        parent = q(str(Path(path).parent))
-        r.run(f"{s}mkdir -p {parent} && {s}install -m {mode:04o} {owner}{q(staged)} {q(path)}")
-
-    @contextmanager
-    def _staging(self, r: Any, probe: Remote) -> Iterator[str]:
-        """A private temporary directory on the host, removed whatever happens."""
-        if isinstance(r, DryRun):
-            yield "$STAGING"
-            return
-        staging = probe.run("mktemp -d /tmp/dctl-provision.XXXXXX").stdout.strip()
-        try:
-            yield staging
-        finally:
-            probe.run(f"rm -rf {q(staging)}", check=False)
-
-    def _start(self, layout: Layout, unit: str | None) -> str:
-        if unit is None:
-            return start_detached_command(layout)
-        ctl = layout.systemctl
-        return f"{ctl} daemon-reload && {ctl} enable dctl-agent && {ctl} restart dctl-agent"
-
-    def _present_wheels(self, probe: Remote, layout: Layout) -> dict[str, int]:
-        listing = probe.run(
-            f"{layout.sudo}find {q(layout.wheels)} -maxdepth 1 -type f -printf '%f %s\\n'",
-            check=False,
-        )
-        present: dict[str, int] = {}
-        for line in listing.stdout.splitlines():
-            file, _, size = line.rpartition(" ")
-            if size.isdigit():
-                present[file] = int(size)
-        return present
-
     def _manifest(self, remote: Remote, layout: Layout) -> dict[str, Any] | None:
         found = remote.run(f"{layout.sudo}cat {q(layout.manifest_file)}", check=False)
         if not found.ok:
@@ -442,7 +263,7 @@ class HostProvisioner:
         """The manifest (the run is complete), then what the previous version left behind."""
         s = layout.sudo
         manifest = {**desired, "provisioned_at": datetime.now(UTC).isoformat(timespec="seconds")}
-        with self._staging(remote, remote) as staging:
+        with self.installer.staging(remote, remote) as staging:
             staged = f"{staging}/provisioned.json"
             remote.put_bytes(json.dumps(manifest, indent=2).encode(), staged, 0o644)
             remote.run(f"{s}install -m 0644 {q(staged)} {q(layout.manifest_file)}")
@@ -486,22 +307,14 @@ class HostProvisioner:
             ) from None
 
     def _drain(self, name: str) -> None:
-        """Drain the host and wait until its instances have moved away."""
-        self.fleet.drain(name)
-        deadline = self.clock() + self.options.drain_timeout_s
-        while True:
-            host = self.fleet.host(name)
-            if host is None or not host.instances:
-                return
-            if self.clock() > deadline:
-                self.fleet.undrain(name)
-                raise StepFailed(
-                    "drain",
-                    f"{len(host.instances)} instance(s) still on {name} after "
-                    f"{self.options.drain_timeout_s:.0f} s of draining; the host was undrained "
-                    "and nothing was changed",
-                )
-            self.sleep(POLL_S * 4)
+        """Drain the host and wait until its engines have stopped; undrain if they do not."""
+        try:
+            drain_and_wait(
+                self.fleet, name, self.options.drain_timeout_s, clock=self.clock, sleep=self.sleep
+            )
+        except ProvisionError as exc:
+            self.fleet.undrain(name)
+            raise StepFailed("drain", f"{exc}; undrained, nothing was changed") from None
 
     def _wait_registered(
         self, remote: Remote, layout: Layout, name: str, *, since: datetime
@@ -537,6 +350,11 @@ class HostProvisioner:
             command = f"{layout.sudo}tail -n 20 {q(layout.log_file)}"
         return remote.run(command, check=False).stdout.strip() or "(no log)"
 
+    def _mint_token(self) -> str:
+        """A one-use bootstrap token for this host, remembered so a failure revokes it."""
+        self.token = self.fleet.bootstrap_token(self.outcome.name or "")
+        return self.token.secret
+
     def _revoke_unused(self) -> None:
         try:
             if self.token is not None:
@@ -548,13 +366,3 @@ class HostProvisioner:
 
 def _same(current: dict[str, Any], desired: dict[str, Any]) -> bool:
     return {k: v for k, v in current.items() if k != "provisioned_at"} == desired
-
-
-def _as_service(layout: Layout, facts: HostFacts, command: str) -> str:
-    """COMMAND as the user the agent runs as (HOME at the prefix, so pip's caches stay there)."""
-    inner = f"cd {q(layout.prefix)} && HOME={q(layout.prefix)} {command}"
-    if layout.mode == "user" or facts.user == layout.run_as:
-        return inner
-    if facts.uid == 0:
-        return f"runuser -u {layout.run_as} -- sh -c {q(inner)}"
-    return f"sudo -n -u {layout.run_as} sh -c {q(inner)}"

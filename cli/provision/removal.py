@@ -10,13 +10,14 @@ import logging
 import shlex
 
 from cli.provision.facts import run_facts
-from cli.provision.fleet import Fleet
+from cli.provision.fleet import Fleet, drain_and_wait
 from cli.provision.layout import SERVICE_USER, choose_layout, stop_command
 from cli.provision.registry import ProvisionedHost
 from cli.provision.ssh import Remote, SshOptions
 from cli.provision.target import SshTarget
 
 q = shlex.quote
+DRAIN_TIMEOUT_S = 120.0
 KEPT = ("snapshots",)  # the snapshot store: verified weights, their manifests, partials
 
 
@@ -29,7 +30,12 @@ def deprovision(
         facts = run_facts(remote, host.prefix, None)
         layout = choose_layout(facts, sudo=host.sudo, prefix=host.prefix)
         s, prefix = layout.sudo, layout.prefix
+        # Engines outlive their agent (so a restart adopts them): the agent stops them when
+        # the host is drained, before it is stopped itself.
+        if fleet.host(host.name) is not None and drain_and_wait(fleet, host.name, DRAIN_TIMEOUT_S):
+            done.append("drained: its engines were stopped")
         remote.run(stop_command(layout))
+        remote.run(f"{s}pkill -TERM -f -- {q(_own_pattern(prefix + '/venv'))}", check=False)
         done.append("agent stopped")
         if layout.systemd:
             remote.run(
@@ -60,3 +66,10 @@ def deprovision(
         fleet.remove(host.name)
         done.append(f"host {host.name} removed from the control plane")
     return done
+
+
+def _own_pattern(path: str) -> str:
+    """A `pkill -f` pattern for processes run from PATH that does not match the shell running
+    pkill (whose command line holds the pattern itself): the first character goes in brackets."""
+    escaped = "".join(f"\\{c}" if c in ".+" else c for c in path[1:])
+    return f"[{path[0]}]{escaped}"

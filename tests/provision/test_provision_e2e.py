@@ -9,6 +9,7 @@ temporary folder. No systemd runs here: the agents start detached, with a pid fi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -224,6 +225,49 @@ def test_a_changed_host_key_is_refused_even_with_the_flag(
     assert refused.returncode == 1
     assert "changed" in refused.stderr.lower()
     assert known_hosts.read_text() == f"[127.0.0.1]:{fleet.hosts[0].port} {other}\n"
+
+
+def test_another_dctl_version_is_replaced_only_with_upgrade_drained_meanwhile(
+    fleet: Fleet, provisioned: str, tmp_path: Path
+) -> None:
+    prefix = fleet.prefix("host-a")
+    manifest = prefix / "provisioned.json"
+    installed = json.loads(manifest.read_text())
+    # As if an older dctl had provisioned it: another wheel digest in the manifest.
+    manifest.write_text(json.dumps({**installed, "wheel_digest": "0" * 64}))
+    hosts = _hosts_file(fleet, tmp_path / "hosts.yaml")
+    args = ["-f", str(hosts), "--wheelhouse", str(fleet.wheelhouse), *AGENT_SETTINGS]
+    before = _agent_pid(prefix)
+    refused = fleet.dctl("host", "provision", *args)
+    assert refused.returncode == 1
+    assert "--upgrade" in refused.stderr and "000000000000" in refused.stderr
+    assert _agent_pid(prefix) == before  # nothing was touched
+    upgraded = fleet.dctl("host", "provision", *args, "--upgrade")
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+    results = {line.split()[0]: line.split()[1] for line in upgraded.stdout.splitlines()[1:]}
+    assert results == {fleet.target(0): "upgraded", fleet.target(1): "unchanged"}
+    assert _agent_pid(prefix) not in (None, before)  # the agent was replaced
+    assert json.loads(manifest.read_text())["wheel_digest"] == installed["wheel_digest"]
+    host = fleet.api.get_host("host-a")
+    assert not host.draining
+    kinds = [e.kind for e in fleet.api.list_events(limit=50).items if "host-a" in e.message]
+    assert any("drain" in k for k in kinds) and any("undrain" in k for k in kinds), kinds
+
+
+def test_a_python_the_service_user_cannot_reach_is_refused_at_facts(
+    fleet: Fleet, provisioned: str, tmp_path: Path
+) -> None:
+    private = tmp_path / "private"  # 0700, like root's home holding a pyenv
+    private.mkdir(mode=0o700)
+    python = private / "python3.11"
+    shutil.copy2("/usr/bin/python3.11", python)
+    prefix = fleet.prefix("host-e")
+    failed = fleet.provision(fleet.target(1), "--name", "host-e", "--prefix", str(prefix),
+                             "--known-hosts", str(fleet.known_hosts), "--python", str(python),
+                             "--wheelhouse", str(fleet.wheelhouse))  # fmt: skip
+    assert failed.returncode == 1
+    assert "failed at facts" in failed.stderr and "cannot run" in failed.stderr
+    assert not prefix.exists()
 
 
 def test_a_too_old_python_fails_at_facts_with_nothing_installed(
