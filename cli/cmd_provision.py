@@ -218,6 +218,9 @@ def _report(
     ]
     if not options.dry_run:
         print_table(rows, OUTCOME_COLUMNS)
+    for outcome in outcomes:
+        for note in outcome.notes:
+            print(f"note: {outcome.name or outcome.host}: {note}", file=sys.stderr)
     failed = [o for o in outcomes if not o.ok]
     for outcome in failed:
         print(f"error: {outcome.host}: failed at {outcome.step}: {outcome.error}", file=sys.stderr)

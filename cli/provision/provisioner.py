@@ -73,6 +73,7 @@ class Outcome:
     step: str | None = None
     error: str | None = None
     plan: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -246,6 +247,11 @@ class HostProvisioner:
         self.outcome.result = (
             "upgraded" if upgrading else "provisioned" if current is None else "restarted"
         )
+        if not layout.systemd:
+            self.outcome.notes.append(
+                f"no systemd: the agent runs detached (pid in {layout.pid_file}, log in "
+                f"{layout.log_file}) and will not survive a reboot"
+            )
         self.outcome.agent_version = host.facts.agent_version if host.facts else None
         self.outcome.preflight = preflight_verdict(host.facts.preflight if host.facts else [])
 
