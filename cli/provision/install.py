@@ -180,6 +180,10 @@ class Installer:
                 self._put(r, probe, staging, layout, unit.encode(), layout.unit_path, 0o644,
                           owned=False)  # fmt: skip
             at("start")
+            if unit is not None and layout.mode == "user":
+                # A user's units stop when its last session ends unless it lingers; best
+                # effort (some hosts reserve it for root): the run still starts the agent.
+                r.run("loginctl enable-linger \"$(id -un)\"", check=False)
             r.run(start_command(layout, unit))
             self.journal.record("agent started", stop_command(layout))
 
