@@ -92,3 +92,20 @@ def plan_memory(config: ModelConfig, dtype: Any, max_batch: int, max_seq: int) -
         total_bytes=weights + kv_cache + activations,
         kv_bytes_per_token=kv_per_token,
     )
+
+
+def resident_dtype(
+    stored: str,
+    compute: str,
+    policy: str,
+    widened_bytes: int,
+    budget_bytes: int | None,
+) -> str:
+    """The dtype weights are kept in: STORED, or COMPUTE (the activations' dtype) when they
+    differ and POLICY says so ("compute"), or for "auto" when the widened model (WIDENED_BYTES,
+    weights and KV cache) fits BUDGET_BYTES (None: unknown, keep them as stored)."""
+    if stored == compute or policy == "stored":
+        return stored
+    if policy == "compute":
+        return compute
+    return compute if budget_bytes is not None and widened_bytes <= budget_bytes else stored

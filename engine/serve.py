@@ -63,6 +63,40 @@ def _device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _cpu_weights_dtype(
+    policy: str, stored: str, model_config: Any, svc: Any, m: Any, res: Any
+) -> str:
+    """The dtype to load weights in on the CPU: widened once to the compute dtype when the
+    CPU has no native half-precision matmuls and the policy (and the RAM budget) allow."""
+    import os
+
+    import torch
+
+    from engine.memory import plan_memory, resident_dtype
+    from engine.model import default_compute_dtype
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(stored, torch.float32)
+    compute = (
+        "fp32"
+        if default_compute_dtype(torch_dtype, torch.device("cpu")) == torch.float32
+        else stored
+    )
+    widened = plan_memory(model_config, compute, svc.max_concurrent_requests, m.max_seq_len)
+    try:
+        budget: int | None = int(
+            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * res.memory_fraction
+        )
+    except (ValueError, OSError):
+        budget = None
+    chosen = resident_dtype(stored, compute, policy, widened.total_bytes, budget)
+    if chosen != stored:
+        log.info(
+            f"weights widened at load: this CPU has no native {stored} matmuls",
+            extra={"weights_dtype": chosen, "bytes": widened.total_bytes, "policy": policy},
+        )
+    return chosen
+
+
 def load_served_model(config: ServeConfig, state: Any) -> Any:
     """Load weights and tokenizer, plan memory, warm up; return the ServedModel."""
     import torch
@@ -95,8 +129,12 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
             )
         torch.cuda.set_per_process_memory_fraction(res.memory_fraction, index)
 
+    load_dtype: str | None = dtype
+    if device == "cpu":
+        load_dtype = _cpu_weights_dtype(m.resident_weights, plan_dtype, model_config, svc, m, res)
+
     start = time.perf_counter()
-    model = load_model(m.path, device=device, dtype=dtype)
+    model = load_model(m.path, device=device, dtype=load_dtype)
     tokenizer = load_tokenizer(m.path)
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     log.info(
@@ -120,8 +158,14 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         core.step()
     log.info("warm-up done", extra={"seconds": round(time.perf_counter() - start, 3)})
 
+    compute = str(model.compute_dtype).removeprefix("torch.")
+    log.info("compute dtype", extra={"compute_dtype": compute, "device": device})
     state.metrics.set_model_info(
-        m.name, m.snapshot_digest, dtype=str(model.dtype).removeprefix("torch."), device=device
+        m.name,
+        m.snapshot_digest,
+        dtype=str(model.dtype).removeprefix("torch."),
+        compute_dtype=compute,
+        device=device,
     )
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)
     engine = AsyncEngine(

@@ -183,7 +183,7 @@ class Installer:
             if unit is not None and layout.mode == "user":
                 # A user's units stop when its last session ends unless it lingers; best
                 # effort (some hosts reserve it for root): the run still starts the agent.
-                r.run("loginctl enable-linger \"$(id -un)\"", check=False)
+                r.run('loginctl enable-linger "$(id -un)"', check=False)
             r.run(start_command(layout, unit))
             self.journal.record("agent started", stop_command(layout))
 
