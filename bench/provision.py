@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import pwd
 import shutil
 import signal
 import socket
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from cli.provision.wheel import running_wheel  # noqa: E402
 from client.credentials import CredentialsFile  # noqa: E402
 from client.http import ControlPlaneClient  # noqa: E402
-from tests.sshd import SshServer, client_key, sshd_available  # noqa: E402
+from tests.sshd import SshServer, client_key, sshd_available, user_exists  # noqa: E402
 
 DCTL = [sys.executable, "-m", "cli"]
 SETTINGS = ["--set", "gpu_backend=fake", "--set", "metrics_port=0", "--extras", "gpu",
@@ -152,7 +151,7 @@ def main() -> int:
         return 0
     hosts = 1 if args.smoke else 4
     rounds = 1 if args.smoke else args.rounds
-    had_user = _user_exists("dctl")
+    had_user = user_exists("dctl")
     with tempfile.TemporaryDirectory(prefix="bench-provision-") as tmp:
         bench = Bench(Path(tmp), hosts)
         try:
@@ -173,7 +172,7 @@ def main() -> int:
                 figures["serial"].append(sum(bench.provision(bench.hosts_file([h])) for h in apart))
         finally:
             bench.stop()
-            if not had_user and _user_exists("dctl"):
+            if not had_user and user_exists("dctl"):
                 subprocess.run(["userdel", "dctl"], check=False, capture_output=True)
     med = {k: statistics.median(v) for k, v in figures.items()}
     print(f"provision, medians of {rounds} round(s), loopback sshd, wheelhouse without torch")
@@ -187,14 +186,6 @@ def main() -> int:
         print(f"  {hosts} hosts, no-op second run:     {med['noop4']:6.1f} s "
               f"({med['noop4'] / hosts:.2f} s per host)")  # fmt: skip
     return 0
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -205,3 +205,15 @@ class SshServer:
 
     def __repr__(self) -> str:
         return f"SshServer(port={self.port}, pid={self._process.pid if self._process else None})"
+
+
+def user_exists(name: str) -> bool:
+    """Whether a local account NAME exists (provisioning creates `dctl`; tests remove it only
+    when they made it)."""
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        return False
+    return True

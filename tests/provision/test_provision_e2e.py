@@ -27,7 +27,7 @@ import yaml
 from cli.provision.wheel import running_wheel
 from client.http import ControlPlaneClient
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, stop_stack
-from tests.sshd import SshServer
+from tests.sshd import SshServer, user_exists
 
 # The service user cannot enter root's home, where this machine's default python3 lives (pyenv).
 AGENT_SETTINGS = ["--set", "gpu_backend=fake", "--set", "metrics_port=0",
@@ -86,7 +86,7 @@ def fleet(
     # The service user must reach the prefixes: pytest's own folders are 0700.
     base = Path(tempfile.mkdtemp(prefix="dctl-provision-"))
     base.chmod(0o755)
-    had_user = _user_exists("dctl")
+    had_user = user_exists("dctl")
     known = home / "known_hosts"
     known.write_text("".join(h.known_hosts_line() for h in sshd_pair))
     # Every dependency of dctl[engine,gpu], as a host without package-index access needs them.
@@ -111,16 +111,8 @@ def fleet(
                     os.kill(pid, 9)
         stop_stack(stack)
         shutil.rmtree(base, ignore_errors=True)
-        if not had_user and _user_exists("dctl"):
+        if not had_user and user_exists("dctl"):
             subprocess.run(["userdel", "dctl"], check=False, capture_output=True)
-
-
-def _user_exists(name: str) -> bool:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        return False
-    return True
 
 
 def _hosts_file(fleet: Fleet, path: Path) -> Path:
