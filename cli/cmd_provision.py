@@ -20,6 +20,7 @@ import typer
 
 from cli.exits import USAGE, fail
 from cli.output import Column, print_table
+from cli.remote import connect
 from protocol import paths
 
 if TYPE_CHECKING:
@@ -93,6 +94,12 @@ def provision(
     except CredentialsError as exc:
         fail(str(exc))
     url = control_plane or context.url
+    ca_pem = None
+    if context.ca_file:
+        try:
+            ca_pem = Path(context.ca_file).read_bytes()
+        except OSError as exc:
+            fail(f"the context's CA file {context.ca_file}: {exc.strerror or exc}")
     try:
         wheel = running_wheel(wheelhouse=wheelhouse)
         house = tuple(wheelhouse_files(wheelhouse)) if wheelhouse else ()
@@ -110,7 +117,12 @@ def provision(
         upgrade=upgrade,
         dry_run=dry_run,
         register_timeout_s=float(wait_s),
+        ca_pem=ca_pem,
     )
+    # One call before any host: an unreachable control plane or a token that may not mint
+    # bootstrap tokens fails here, once, rather than on every host after its install.
+    with connect() as api:
+        api.list_tokens()
     log, log_path = _logger()
     print(f"dctl {wheel.version} ({wheel.digest[:12]}) -> {len(specs)} host(s), log: {log_path}",
           file=sys.stderr)  # fmt: skip
@@ -177,13 +189,17 @@ def _specs(
 
 def _provision_one(spec: HostSpec, options: RunOptions, log: logging.Logger) -> Outcome:
     from cli.provision.fleet import ApiFleet
-    from cli.provision.provisioner import HostProvisioner
+    from cli.provision.provisioner import HostProvisioner, Outcome
     from client.credentials import resolve
+    from client.errors import ClientError
     from client.http import ControlPlaneClient
 
     # One client per thread: each host waits on the control plane on its own.
-    with ControlPlaneClient.from_context(resolve(), timeout=30.0) as client:
-        return HostProvisioner(spec, options, ApiFleet(client), log).run()
+    try:
+        with ControlPlaneClient.from_context(resolve(), timeout=30.0) as client:
+            return HostProvisioner(spec, options, ApiFleet(client), log).run()
+    except ClientError as exc:
+        return Outcome(host=str(spec.target), name=spec.name, step="connect", error=str(exc))
 
 
 def _report(

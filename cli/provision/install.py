@@ -82,6 +82,7 @@ class Installer:
     ) -> None:
         self.wheel, self.wheelhouse, self.extras = wheel, wheelhouse, extras
         self.journal, self.mint_token = journal, mint_token
+        self.ca_pem: bytes | None = None  # written beside the config when set
 
     def install(
         self,
@@ -167,6 +168,8 @@ class Installer:
                 "venv link",
                 f"{s}ln -sfn {q(old)} {q(link)}" if old else f"{s}rm -f {q(link)}",
             )
+            if self.ca_pem is not None:
+                self._put(r, probe, staging, layout, self.ca_pem, layout.ca_file, 0o644)
             self._put(r, probe, staging, layout, config.encode(), layout.config_file, 0o644)
             if token_needed:
                 if isinstance(r, DryRun):

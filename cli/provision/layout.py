@@ -86,6 +86,11 @@ class Layout:
         return f"{self.prefix}/bootstrap-token"
 
     @property
+    def ca_file(self) -> str:
+        """The CA of the control plane's certificate, copied from the CLI's context."""
+        return f"{self.prefix}/control-plane-ca.pem"
+
+    @property
     def manifest_file(self) -> str:
         """What provisioning installed, for idempotence and deprovision."""
         return f"{self.prefix}/provisioned.json"

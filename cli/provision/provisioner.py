@@ -57,6 +57,8 @@ class RunOptions:
     upgrade: bool = False
     dry_run: bool = False
     register_timeout_s: float = 180.0
+    # The CA the CLI verifies the control plane with: agents need it too (a private CA).
+    ca_pem: bytes | None = None
     drain_timeout_s: float = 600.0
 
 
@@ -100,12 +102,20 @@ def preflight_verdict(checks: list[Any]) -> str:
 
 
 def desired_manifest(
-    wheel: DctlWheel, spec: HostSpec, layout: Layout, name: str, config: str, unit: str | None
+    wheel: DctlWheel,
+    spec: HostSpec,
+    layout: Layout,
+    name: str,
+    config: str,
+    unit: str | None,
+    ca: bytes | None = None,
 ) -> dict[str, Any]:
     """What a completed run leaves in `provisioned.json` (compared without `provisioned_at`)."""
     import hashlib
 
-    digest = hashlib.sha256((config + "\0" + (unit or "")).encode()).hexdigest()
+    digest = hashlib.sha256(
+        (config + "\0" + (unit or "")).encode() + b"\0" + (ca or b"")
+    ).hexdigest()
     return {
         "dctl_version": wheel.version,
         "wheel_digest": wheel.digest,
@@ -136,6 +146,7 @@ class HostProvisioner:
         self.installer = Installer(
             options.wheel, options.wheelhouse, spec.extras, self.journal, self._mint_token
         )
+        self.installer.ca_pem = options.ca_pem if "ca_file" not in spec.settings else None
         self.token: BootstrapToken | None = None
 
     def run(self) -> Outcome:
@@ -178,15 +189,22 @@ class HostProvisioner:
             self._check_service_user_reaches(remote, facts.python)
         name = spec.name or self._hostname(remote)
         self.outcome.name = name
+        # A CA the user placed on the host (`--set ca_file=...`) wins over the CLI's own.
+        ca_file = None
+        if options.ca_pem is not None and "ca_file" not in spec.settings:
+            ca_file = layout.ca_file
         config = agent_config(
             control_plane=options.control_plane,
             name=name,
             layout=layout,
             labels=spec.labels,
             settings=spec.settings,
+            ca_file=ca_file,
         )
         unit = systemd_unit(layout) if layout.systemd else None
-        desired = desired_manifest(options.wheel, spec, layout, name, config, unit)
+        desired = desired_manifest(
+            options.wheel, spec, layout, name, config, unit, self.installer.ca_pem
+        )
         current = self._manifest(remote, layout)
         known = self.fleet.host(name)
         running = remote.run(running_command(layout), check=False).ok

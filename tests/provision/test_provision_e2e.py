@@ -313,6 +313,26 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fleet: Fleet, provisioned: 
     assert not prefix.exists()
 
 
+def test_the_contexts_ca_goes_to_the_agents_too(
+    fleet: Fleet, provisioned: str, tmp_path: Path
+) -> None:
+    from tests.security.test_tls import _ca
+
+    _ca(tmp_path, "ca")  # a private CA: the CLI trusts it, so must the agents
+    ca = tmp_path / "ca.pem"
+    prefix = fleet.prefix("host-f")
+    planned = subprocess.run(
+        [*DCTL, "host", "provision", fleet.target(1), "--key", str(fleet.key), "--name", "host-f",
+         "--prefix", str(prefix), "--known-hosts", str(fleet.known_hosts), "--dry-run",
+         "--wheelhouse", str(fleet.wheelhouse), *AGENT_SETTINGS],
+        capture_output=True, text=True, env={**fleet.env, "DCTL_CA_FILE": str(ca)}, timeout=300,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    size = len(ca.read_bytes())
+    assert f"upload {size} bytes -> $STAGING/control-plane-ca.pem (mode 644)" in planned.stdout
+    assert f"{prefix}/control-plane-ca.pem" in planned.stdout
+
+
 def test_deprovision_removes_the_agent_and_the_host(fleet: Fleet, provisioned: str) -> None:
     prefix = fleet.prefix("host-b")
     pid = _agent_pid(prefix)
