@@ -66,6 +66,15 @@ class Fleet:
         return self.dctl("host", "provision", "--key", str(self.key), *args)
 
 
+def _running(pid: int) -> bool:
+    """PID is a live process (a zombie waiting for init to reap it is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def _agent_pid(prefix: Path) -> int | None:
     try:
         pid = int((prefix / "agent.pid").read_text().strip())
@@ -333,6 +342,46 @@ def test_the_contexts_ca_goes_to_the_agents_too(
     assert f"{prefix}/control-plane-ca.pem" in planned.stdout
 
 
+def test_an_ordinary_user_gets_everything_under_its_home_and_a_failing_preflight_is_reported(
+    fleet: Fleet, provisioned: str, tmp_path: Path
+) -> None:
+    """No root, no sudo: the agent runs as the SSH user from ~/.local/share/dctl-agent. Without
+    the `engine` extra there is no torch: preflight fails, which the table reports, and the host
+    is still a member (exit 0)."""
+    user = "dctl-e2e-user"
+    subprocess.run(["useradd", "-m", "-s", "/bin/sh", user], check=True, capture_output=True)
+    # sshd refuses a locked account even for key logins (UsePAM no): unlock without a password.
+    subprocess.run(["usermod", "-p", "*", user], check=True, capture_output=True)
+    home = Path(pwd.getpwnam(user).pw_dir)
+    prefix = home / ".local/share/dctl-agent"
+    server = SshServer(tmp_path / "sshd", [fleet.key.with_suffix(".pub")], users=(user,))
+    try:
+        server.start()
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts_line())
+        target = f"{user}@127.0.0.1:{server.port}"
+        done = fleet.dctl("host", "provision", target, "--key", str(fleet.key), "--name", "host-u",
+                          "--known-hosts", str(known), "--extras", "gpu",
+                          "--wheelhouse", str(fleet.wheelhouse), *AGENT_SETTINGS)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        row = done.stdout.splitlines()[1]
+        assert "provisioned" in row and "fail:" in row and "torch" in row, done.stdout
+        pid = _agent_pid(prefix)
+        assert pid is not None and os.stat(f"/proc/{pid}").st_uid == pwd.getpwnam(user).pw_uid
+        host = fleet.api.get_host("host-u")
+        assert host.facts is not None and not host.facts.preflight_ok()
+        removed = fleet.dctl("host", "deprovision", "host-u", "--yes")
+        assert removed.returncode == 0, removed.stderr
+        assert not _running(pid)
+        assert sorted(p.name for p in prefix.iterdir()) == ["data"]
+    finally:
+        pid = _agent_pid(prefix)
+        if pid:
+            os.kill(pid, 9)
+        server.stop()
+        subprocess.run(["userdel", "-r", user], check=False, capture_output=True)
+
+
 def test_deprovision_removes_the_agent_and_the_host(fleet: Fleet, provisioned: str) -> None:
     prefix = fleet.prefix("host-b")
     pid = _agent_pid(prefix)
@@ -341,7 +390,7 @@ def test_deprovision_removes_the_agent_and_the_host(fleet: Fleet, provisioned: s
     (prefix / "data" / "snapshots" / "weights").write_text("kept")
     done = fleet.dctl("host", "deprovision", "host-b", "--yes")
     assert done.returncode == 0, done.stderr
-    assert not Path(f"/proc/{pid}").exists()
+    assert not _running(pid)
     assert "host-b" not in {h.name for h in fleet.api.list_hosts()}
     left = sorted(p.relative_to(prefix).as_posix() for p in prefix.iterdir())
     assert left == ["data"]
