@@ -79,9 +79,12 @@ class Installer:
         extras: tuple[str, ...],
         journal: Journal,
         mint_token: Callable[[], str],
+        agent_stopped: Callable[[], None] = lambda: None,
     ) -> None:
         self.wheel, self.wheelhouse, self.extras = wheel, wheelhouse, extras
         self.journal, self.mint_token = journal, mint_token
+        # Called once no agent of this host runs any more (just before the new one starts).
+        self.agent_stopped = agent_stopped
         self.ca_pem: bytes | None = None  # written beside the config when set
 
     def install(
@@ -183,6 +186,8 @@ class Installer:
                 self._put(r, probe, staging, layout, unit.encode(), layout.unit_path, 0o644,
                           owned=False)  # fmt: skip
             at("start")
+            if not isinstance(r, DryRun):
+                self.agent_stopped()
             if unit is not None and layout.mode == "user":
                 # A user's units stop when its last session ends unless it lingers; best
                 # effort (some hosts reserve it for root): the run still starts the agent.

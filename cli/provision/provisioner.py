@@ -144,8 +144,16 @@ class HostProvisioner:
         self.outcome = Outcome(host=str(spec.target), name=spec.name)
         self.journal = Journal()
         self.installer = Installer(
-            options.wheel, options.wheelhouse, spec.extras, self.journal, self._mint_token
+            options.wheel,
+            options.wheelhouse,
+            spec.extras,
+            self.journal,
+            self._mint_token,
+            self._note_last_heartbeat,
         )
+        # The host's last heartbeat (the control plane's clock) while no agent of it ran: a
+        # later one comes from the agent this run started. No clock of ours is compared.
+        self.last_heartbeat: datetime | None = None
         self.installer.ca_pem = options.ca_pem if "ca_file" not in spec.settings else None
         self.token: BootstrapToken | None = None
 
@@ -216,12 +224,14 @@ class HostProvisioner:
             self.outcome.agent_version = known.facts.agent_version if known.facts else None
             self.outcome.preflight = preflight_verdict(known.facts.preflight if known.facts else [])
             return
-        upgrading = current is not None and current.get("wheel_digest") != desired["wheel_digest"]
+        installed = current or {}
+        upgrading = current is not None and installed.get("wheel_digest") != desired["wheel_digest"]
         if upgrading and not options.upgrade:
             raise StepFailed(
                 "facts",
-                f"{layout.prefix} holds dctl {current.get('dctl_version')} "  # type: ignore[union-attr]
-                f"({str(current.get('wheel_digest'))[:12]}), this is dctl {options.wheel.version} "  # type: ignore[union-attr]
+                f"{layout.prefix} holds dctl {installed.get('dctl_version')} "
+                f"({str(installed.get('wheel_digest'))[:12]}), "
+                f"this is dctl {options.wheel.version} "
                 f"({options.wheel.digest[:12]}): run again with --upgrade to drain the host, "
                 "replace the agent and undrain it",
             )
@@ -246,7 +256,7 @@ class HostProvisioner:
             token_needed = known is None
             self.installer.install(remote, remote, facts, layout, config, unit, token_needed, step)
             step[0] = "register"
-            host = self._wait_registered(remote, layout, name, since=datetime.now(UTC))
+            host = self._wait_registered(remote, layout, name)
         except BaseException:
             left = self.journal.rollback(remote, self.log)
             if self.token is not None:
@@ -340,17 +350,18 @@ class HostProvisioner:
             self.fleet.undrain(name)
             raise StepFailed("drain", f"{exc}; undrained, nothing was changed") from None
 
-    def _wait_registered(
-        self, remote: Remote, layout: Layout, name: str, *, since: datetime
-    ) -> Any:
-        """The host once its restarted agent has heartbeated with a preflight report."""
+    def _note_last_heartbeat(self) -> None:
+        host = self.fleet.host(self.outcome.name or "")
+        self.last_heartbeat = host.last_seen_at if host is not None else None
+
+    def _wait_registered(self, remote: Remote, layout: Layout, name: str) -> Any:
+        """The host once the agent this run started has heartbeated with a preflight report."""
         deadline = self.clock() + self.options.register_timeout_s
         while True:
             host = self.fleet.host(name)
             seen = host.last_seen_at if host is not None else None
-            if seen is not None and seen.tzinfo is None:
-                seen = seen.replace(tzinfo=UTC)
-            if host and seen and seen >= since and host.facts and host.facts.preflight:
+            fresh = seen is not None and (self.last_heartbeat is None or seen > self.last_heartbeat)
+            if host and fresh and host.facts and host.facts.preflight:
                 self.token = None  # used: nothing to revoke
                 return host
             if self.clock() > deadline:
