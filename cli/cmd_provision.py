@@ -223,7 +223,7 @@ def _report(
                 ProvisionedHost(
                     name=outcome.name,
                     target=str(spec.target),
-                    prefix=spec.prefix or _default_prefix(spec),
+                    prefix=outcome.prefix or spec.prefix or "",
                     sudo=spec.sudo,
                     key_file=str(spec.key_file) if spec.key_file else None,
                     known_hosts=str(spec.known_hosts) if spec.known_hosts else None,
@@ -242,11 +242,6 @@ def _report(
         print(f"error: {outcome.host}: failed at {outcome.step}: {outcome.error}", file=sys.stderr)
     if failed:
         raise typer.Exit(1)
-
-
-def _default_prefix(spec: HostSpec) -> str:
-    # The layout's defaults, as the host resolved them ("~" expands on the host).
-    return "/opt/dctl" if spec.sudo or spec.target.user == "root" else "~/.local/share/dctl-agent"
 
 
 def deprovision(

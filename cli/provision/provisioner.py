@@ -31,6 +31,8 @@ from cli.provision.inventory import HostSpec
 from cli.provision.journal import Journal
 from cli.provision.layout import (
     SERVICE_USER,
+    SYSTEM_PREFIX,
+    USER_PREFIX,
     Layout,
     agent_config,
     choose_layout,
@@ -76,6 +78,7 @@ class Outcome:
     error: str | None = None
     plan: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    prefix: str | None = None  # where it is installed, as the host resolved it
 
     @property
     def ok(self) -> bool:
@@ -186,13 +189,14 @@ class HostProvisioner:
     def _provision(self, remote: Remote, step: list[str]) -> None:
         spec, options = self.spec, self.options
         step[0] = "facts"
-        guess = spec.prefix or ("/opt/dctl" if spec.sudo else "~/.local/share/dctl-agent")
+        guess = spec.prefix or (SYSTEM_PREFIX if spec.sudo else f"~/{USER_PREFIX}")
         facts = run_facts(remote, guess, spec.python)
         need = NEEDS_BYTES["engine" if "engine" in spec.extras else None]
         failures = hard_failures(facts, want_root=spec.sudo, min_free_bytes=need)
         if failures:
             raise StepFailed("facts", "; ".join(failures) + " (nothing was installed)")
         layout = choose_layout(facts, sudo=spec.sudo, prefix=spec.prefix)
+        self.outcome.prefix = layout.prefix
         if layout.run_as != facts.user:
             self._check_service_user_reaches(remote, facts.python)
         name = spec.name or self._hostname(remote)
