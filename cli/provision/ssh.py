@@ -169,6 +169,11 @@ class Remote:
         try:
             done = self._connection().run(line, timeout=timeout_s, encoding="utf-8", **_RUN_OPTIONS)
             exit_code, stdout, stderr = done.exited, done.stdout, done.stderr
+            # When invoke's timer wins the race against the channel closing, it returns the
+            # channel's "no exit status" (-1) instead of raising CommandTimedOut.
+            waited = time.monotonic() - started
+            if exit_code == -1 and timeout_s is not None and waited >= timeout_s:
+                exit_code, stderr = _TIMED_OUT, f"{stderr}\ntimed out after {timeout_s} s"
         except CommandTimedOut as exc:
             exit_code, stdout = _TIMED_OUT, exc.result.stdout
             stderr = f"{exc.result.stderr}\ntimed out after {timeout_s} s"
