@@ -131,12 +131,13 @@ def test_running_wheel_builds_dctl(built: tuple[DctlWheel, Path, float]) -> None
 def test_second_call_uses_the_cache(
     built: tuple[DctlWheel, Path, float], checkout_copy: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wheel, cache, _ = built
+    wheel, cache, build_s = built
     mtime = wheel.path.stat().st_mtime_ns
     monkeypatch.setattr(wheel_module, "_source_dir", lambda: checkout_copy)
     started = time.monotonic()
     again = running_wheel(cache_dir=cache)
-    assert time.monotonic() - started < 1.0
+    # Relative to the build this run measured: a stalled CI machine slows both.
+    assert time.monotonic() - started < max(1.0, build_s / 2)
     assert again == wheel
     assert wheel.path.stat().st_mtime_ns == mtime
 
