@@ -13,6 +13,14 @@ weights, saved once with transformers' `save_pretrained` and loaded by both side
     transformers runs the same block against a fresh copy of its prefill cache each step
     (the copy is not timed) and computes all 32 rows. Goal: ours <= 0.5x transformers in bf16.
 
+(c) the matmul-rate floor of (b): the step's arithmetic (projections, attention, the experts
+    its tokens are routed to, the LM head rows) divided by the rate this machine multiplies a
+    32- and a 64-row matrix by a hidden x 2*moe_intermediate one in the same dtype (the faster
+    of the two): what a step would cost if nothing but its matmuls ran, at that rate. Goal: our
+    step within 2x of it.
+
+Ours loads as serving does (`packed_weights="auto"`: oneDNN-packed weights where the CPU
+computes the dtype natively); `--packed-weights off|on` compares the layouts.
 Figures are medians over repeats; 2 threads (`torch.set_num_threads(2)`).
 """
 
@@ -25,9 +33,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
+
+from engine.packing import PackPolicy
 
 BENCH_CONFIG: dict[str, Any] = {
     "vocab_size": 32000,
@@ -66,6 +76,7 @@ Timed = tuple[Callable[[], Any], Callable[[], Any] | None]
 # The clock medians use: wall time by default; `--clock thread` (1 thread, CPU time of this
 # thread) gives figures a busy shared machine cannot inflate.
 CLOCK: Callable[[], float] = time.perf_counter
+PACKED: PackPolicy = "auto"
 
 
 def median_ms(cases: dict[str, Timed], repeats: int) -> dict[str, float]:
@@ -99,7 +110,7 @@ def run_dtype(path: Path, dtype: torch.dtype, prompt: int, block: int, steps: in
     from engine.kv_cache import KVCache
     from engine.loader import load_model
 
-    ours = load_model(path, dtype=dtype)
+    ours = load_model(path, dtype=dtype, packed_weights=PACKED)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     vocab = ours.config.vocab_size
     gen = torch.Generator().manual_seed(1)
@@ -154,7 +165,46 @@ def run_dtype(path: Path, dtype: torch.dtype, prompt: int, block: int, steps: in
     with torch.no_grad():
         blocks = median_ms({"ours": (ours_block, None), "hf": (hf_block, fresh_caches)}, repeats)
     res["ours_step"], res["hf_step"] = blocks["ours"] / steps, blocks["hf"] / steps
+    res["packed"] = float(ours.packed)
+    res["step_gflop"] = step_flops(ours.config, prompt, block, masked_counts) / 1e9
+    res["gflops"] = matmul_rate(ours.config, ours.compute_dtype, block, repeats)
+    res["floor"] = res["step_gflop"] / res["gflops"] * 1000
     return res
+
+
+def step_flops(cfg: Any, prompt: int, block: int, masked_counts: list[int]) -> float:
+    """Multiply-add FLOPs of one denoising step (mean over the block's steps): every layer's
+    projections and attention for the whole block, the experts its tokens go to, the LM head
+    for the still-masked rows."""
+    h, t = cfg.hidden_size, block
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = 2 * t * h * (q + 2 * kv) + 2 * t * q * h
+    per_layer += 2 * 2 * t * (prompt + t) * q  # scores and weighted values, every head
+    if cfg.num_experts:
+        k, i = cfg.num_experts_per_tok, cfg.moe_intermediate_size
+        per_layer += 2 * t * h * cfg.num_experts + 2 * t * k * 3 * h * i
+    else:
+        per_layer += 2 * t * 3 * h * cfg.intermediate_size
+    head = 2 * statistics.mean(masked_counts) * h * cfg.vocab_size
+    return cfg.num_layers * per_layer + head
+
+
+def matmul_rate(cfg: Any, dtype: torch.dtype, block: int, repeats: int) -> float:
+    """GFLOP/s of this machine on the step's matmul shape class: a block-sized (and twice
+    that) row count times a hidden x 2*moe_intermediate weight, the faster of the two."""
+    out = 2 * (cfg.moe_intermediate_size or cfg.intermediate_size)
+    weight = torch.randn(out, cfg.hidden_size).to(dtype)
+    best = 0.0
+    for rows in (block, 2 * block):
+        x = torch.randn(rows, cfg.hidden_size).to(dtype)
+
+        def product(x: torch.Tensor = x) -> None:
+            for _ in range(20):
+                torch.nn.functional.linear(x, weight)
+
+        ms = median_ms({"mm": (product, None)}, max(repeats, 3))["mm"] / 20
+        best = max(best, 2 * rows * cfg.hidden_size * out / (ms / 1000) / 1e9)
+    return best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -163,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--packed-weights", choices=("auto", "on", "off"), default="auto")
     parser.add_argument(
         "--clock",
         choices=("wall", "thread"),
@@ -170,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
         help="thread: one thread, CPU time of the calling thread (robust on a shared machine)",
     )
     args = parser.parse_args(argv)
-    global CLOCK
+    global CLOCK, PACKED
+    PACKED = cast(PackPolicy, args.packed_weights)
     if args.clock == "thread":
         CLOCK, args.threads = time.thread_time, 1
     torch.set_num_threads(args.threads)
@@ -197,6 +249,12 @@ def main(argv: list[str] | None = None) -> None:
                 f"[{name}] (b) denoising step: ours {r['ours_step']:.1f} ms | transformers "
                 f"{r['hf_step']:.1f} ms | ratio {r['ours_step'] / r['hf_step']:.2f}x"
                 + (" (goal <= 0.50x)" if name == "bf16" else "")
+                + (" | weights packed" if r["packed"] else " | weights plain")
+            )
+            print(
+                f"[{name}] (c) matmul-rate floor of (b): {r['step_gflop']:.3g} GFLOP at "
+                f"{r['gflops']:.0f} GFLOP/s = {r['floor']:.1f} ms | ours / floor "
+                f"{r['ours_step'] / r['floor']:.2f}x (goal <= 2x)"
             )
 
 

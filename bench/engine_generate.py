@@ -120,7 +120,13 @@ def run_dtype(path: Path, name: str, dtype: torch.dtype, args: argparse.Namespac
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     batch = prompts(args.batch, args.prompt, vocab)
     hf = transformers_greedy(path, dtype, batch[0], args.new)
-    llm = LLM(path, dtype=dtype, max_batch_size=args.batch, max_seq_len=args.prompt + args.new + 64)
+    llm = LLM(
+        path,
+        dtype=dtype,
+        max_batch_size=args.batch,
+        max_seq_len=args.prompt + args.new + 64,
+        packed_weights=args.packed_weights,
+    )
     steps = SamplingParams(max_tokens=args.new, block_size=args.block, steps=args.steps)
     threshold = SamplingParams(max_tokens=args.new, block_size=args.block)
     ours(llm, batch[:1], SamplingParams(max_tokens=8, block_size=args.block, steps=2))  # warm-up
@@ -193,8 +199,14 @@ def run_trained(args: argparse.Namespace) -> None:
     from engine import LLM, SamplingParams
 
     new, singles, batch_n = (16, 2, 2) if args.smoke else (64, 8, 16)
-    fast = "fp32"  # no native bf16 on CPUs without AVX512-BF16: fp32 is the faster for both
-    llm = LLM(DEMO, dtype=fast, max_batch_size=batch_n, max_seq_len=512)
+    from engine.model import default_compute_dtype
+
+    # bf16 where this CPU computes it natively (AVX512-BF16 / AMX), else fp32 (bf16 would be
+    # widened per matmul or held twice as large).
+    native = default_compute_dtype(torch.bfloat16, torch.device("cpu")) == torch.bfloat16
+    fast = "bf16" if native else "fp32"
+    packed = args.packed_weights
+    llm = LLM(DEMO, dtype=fast, max_batch_size=batch_n, max_seq_len=512, packed_weights=packed)
     batch = demo_prompts(llm, batch_n)
     print(f"[trained] demo model, {fast}, block 16, up to {new} new tokens, chat prompts")
     hf_models = {
@@ -243,6 +255,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="default 2 (smoke: 1)")
     parser.add_argument("--dtypes", default="bf16,fp32")
     parser.add_argument("--trained-only", action="store_true", help="only the demo-model part")
+    parser.add_argument(
+        "--packed-weights",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="ours: oneDNN-packed weights (auto: as served)",
+    )
     args = parser.parse_args(argv)
     if args.threads is None:
         # The smoke run only proves the script works; one thread keeps it quick on a busy box.
@@ -257,7 +275,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"engine generate vs transformers: {'smoke' if args.smoke else 'benchmark'} config, "
-        f"{args.prompt}-token prompts, {args.new} new tokens, {args.threads} threads, one run"
+        f"{args.prompt}-token prompts, {args.new} new tokens, {args.threads} threads, one run, "
+        f"packed weights {args.packed_weights}"
     )
     # Wall-clock figures on a shared machine depend on what else runs; say how busy it was.
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")

@@ -13,6 +13,7 @@ import torch
 from engine.core import EngineCore, RequestStats
 from engine.errors import InvalidParams
 from engine.loader import load_model, load_tokenizer
+from engine.packing import PackPolicy
 from engine.params import SamplingParams
 
 Prompt = str | list[int]
@@ -56,8 +57,9 @@ class LLM:
         dtype: str | torch.dtype | None = None,
         max_batch_size: int = 16,
         max_seq_len: int = 4096,
+        packed_weights: PackPolicy = "auto",
     ) -> None:
-        self.model = load_model(path, device=device, dtype=dtype)
+        self.model = load_model(path, device=device, dtype=dtype, packed_weights=packed_weights)
         self.tokenizer = load_tokenizer(path)
         self.config = self.model.config
         self.core = EngineCore(

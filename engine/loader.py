@@ -19,10 +19,12 @@ from typing import Any
 
 import torch
 
+from engine import packing
 from engine.config import ModelConfig, read_checkpoint_json
 from engine.errors import CheckpointError
 from engine.memory import canonical_dtype
 from engine.model import Model
+from engine.packing import PackPolicy
 from engine.tokenizer import find_mask_token_id, load_tokenizer
 
 __all__ = ["load_checkpoint_config", "load_model", "load_tokenizer", "resolve_dtype"]
@@ -309,11 +311,14 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     compute_dtype: torch.dtype | None = None,
+    packed_weights: PackPolicy = "off",
 ) -> Model:
     """Builds the model of a checkpoint directory and loads its weights, checked first.
 
     compute_dtype: activation dtype; by default the weights' dtype, or fp32 for bf16/fp16
     weights on a CPU without native half-precision matmuls.
+    packed_weights: whether to move the projection weights into oneDNN's CPU layout after
+    loading (engine.packing; inference only). "off" by default here: serving asks for "auto".
     """
     root = _checkpoint_dir(path)
     cfg = load_checkpoint_config(root)
@@ -353,4 +358,6 @@ def load_model(
                     f"{file}: cannot read tensors ({exc}); re-download it"
                 ) from exc
     model.eval()
+    if packing.wanted(packed_weights, model.device, model.dtype, model.compute_dtype):
+        model.pack_weights()
     return model

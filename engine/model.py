@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from engine import packing
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 
@@ -34,6 +35,8 @@ class RMSNorm(nn.Module):
 def project(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x @ weight.T + bias in x's dtype; weights stored narrower than the compute dtype are
     widened here, one matrix at a time, so the widened copy stays in cache."""
+    if packing.is_packed(weight):
+        return packing.linear(x, weight, bias)
     if weight.dtype != x.dtype:
         weight = weight.to(x.dtype)
         bias = None if bias is None else bias.to(x.dtype)
@@ -44,7 +47,7 @@ def vocab_logits(x: Tensor, weight: Tensor) -> Tensor:
     """The LM head; a narrower-stored head is widened in slices of ~4 MiB, never all at once
     (few, large slices: every op is a parallel region that a busy CPU makes expensive)."""
     if weight.dtype == x.dtype:
-        return F.linear(x, weight)
+        return project(x, weight)
     rows = max(1, (1 << 20) // weight.shape[1])
     out = x.new_empty(x.shape[0], weight.shape[0])
     for start in range(0, weight.shape[0], rows):
@@ -152,6 +155,20 @@ class MoE(nn.Module):
         self.router = nn.Parameter(torch.empty(e, h, dtype=dtype, device=device))
         self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
         self.w_down = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+        # Per expert (gate_up, down) in oneDNN's layout once `pack` ran (see engine.packing).
+        self.packed_experts: list[tuple[Tensor, Tensor]] | None = None
+
+    def pack(self, rows_hint: int | None) -> None:
+        """Moves the router and every expert into the packed layout (inference only: the
+        stacked expert parameters are emptied, not copied)."""
+        self.router = nn.Parameter(packing.pack(self.router, rows_hint), requires_grad=False)
+        self.packed_experts = [
+            (packing.pack(self.w_gate_up[e], rows_hint), packing.pack(self.w_down[e], rows_hint))
+            for e in range(self.num_experts)
+        ]
+        dtype, device = self.w_down.dtype, self.w_down.device
+        self.w_gate_up = nn.Parameter(torch.empty(0, dtype=dtype, device=device), False)
+        self.w_down = nn.Parameter(torch.empty(0, dtype=dtype, device=device), False)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x (S, hidden) -> (output (S, hidden), tokens routed to each expert (E,) int64)."""
@@ -170,14 +187,19 @@ class MoE(nn.Module):
         # The loop runs once per active expert (dozens per layer in real checkpoints), so it
         # keeps per-expert work to the matmuls: the down projection writes its rows in place.
         w_gate_up, w_down, dtype = self.w_gate_up, self.w_down, x.dtype
+        packed = self.packed_experts
         start = 0
         for e, c in enumerate(counts.tolist()):
             if c == 0:
                 continue
             end = start + c
-            gate, up = torch.mm(grouped[start:end], w_gate_up[e].to(dtype).t()).chunk(2, dim=-1)
-            hidden = F.silu(gate).mul_(up)
-            torch.mm(hidden, w_down[e].to(dtype).t(), out=out[start:end])
+            if packed is not None:
+                gate, up = packing.linear(grouped[start:end], packed[e][0]).chunk(2, dim=-1)
+                out[start:end] = packing.linear(F.silu(gate).mul_(up), packed[e][1])
+            else:
+                gate, up = torch.mm(grouped[start:end], w_gate_up[e].to(dtype).t()).chunk(2, -1)
+                hidden = F.silu(gate).mul_(up)
+                torch.mm(hidden, w_down[e].to(dtype).t(), out=out[start:end])
             start = end
         # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
         per_choice = torch.empty_like(out)
@@ -323,6 +345,32 @@ class Model(nn.Module):
     def device(self) -> torch.device:
         """Device of the weights."""
         return self.embed.weight.device
+
+    @property
+    def packed(self) -> bool:
+        """Whether the projection weights are in oneDNN's packed layout (`pack_weights`)."""
+        return packing.is_packed(self.lm_head.weight)
+
+    def pack_weights(self, rows_hint: int | None = None) -> int:
+        """Moves every projection weight into oneDNN's packed CPU layout (engine.packing), for
+        inference only; returns the extra bytes it took: 0, or a tied LM head's own copy (the
+        embedding lookup keeps the plain matrix)."""
+        if self.packed:
+            return 0
+        extra = 0
+        with torch.no_grad():
+            for layer in self.layers:
+                for linear in (layer.attn.wqkv, layer.attn.wo):
+                    linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
+                if isinstance(layer.mlp, MoE):
+                    layer.mlp.pack(rows_hint)
+                else:
+                    for linear in (layer.mlp.w_gate_up, layer.mlp.w_down):
+                        linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
+            if self.lm_head.weight is self.embed.weight:
+                extra = self.embed.weight.numel() * self.embed.weight.element_size()
+            self.lm_head.weight = nn.Parameter(packing.pack(self.lm_head.weight, rows_hint), False)
+        return extra
 
     def track_experts(self, enabled: bool = True) -> None:
         """Turns cumulative per-expert token counting on or off."""

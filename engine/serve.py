@@ -101,6 +101,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
     """Load weights and tokenizer, plan memory, warm up; return the ServedModel."""
     import torch
 
+    from engine import packing
     from engine.async_engine import AsyncEngine
     from engine.core import EngineCore
     from engine.loader import load_checkpoint_config, load_model, load_tokenizer
@@ -146,6 +147,13 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
             "dtype": str(model.dtype).removeprefix("torch."),
         },
     )
+    if packing.wanted(m.packed_weights, model.device, model.dtype, model.compute_dtype):
+        start = time.perf_counter()
+        extra = model.pack_weights()
+        log.info(
+            "weights packed for oneDNN",
+            extra={"extra_bytes": extra, "seconds": round(time.perf_counter() - start, 3)},
+        )
     if hasattr(model, "track_experts"):
         model.track_experts(True)
     core = EngineCore(
@@ -165,6 +173,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         m.snapshot_digest,
         dtype=str(model.dtype).removeprefix("torch."),
         compute_dtype=compute,
+        weights_layout="packed" if model.packed else "plain",
         device=device,
     )
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)

@@ -7,7 +7,7 @@ service:   {host: 127.0.0.1, port: 8080, max_concurrent_requests: 32, max_queue:
             tls_cert: null, tls_key: null}
 model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_size: 32,
             threshold: 0.9, steps: null, min_steps: 1, max_steps: 32, thinking: false,
-            snapshot_digest: null, resident_weights: auto}
+            snapshot_digest: null, resident_weights: auto, packed_weights: auto}
 resources: {device: auto, memory_fraction: 0.85, threads: null}
 logging:   {level: info, format: json}
 chaos:     {error_rate: 0.0, extra_latency_ms: 0}   # fault injection for game days; off
@@ -108,6 +108,11 @@ class ModelTuning(_Section):
     # them once at load (faster; twice the weight memory for bf16); "auto" widens at load when
     # the widened weights and the KV cache fit resources.memory_fraction of the machine's RAM.
     resident_weights: Literal["auto", "stored", "compute"] = "auto"
+    # On a CPU, projection weights can be kept in oneDNN's packed layout, so no matmul reorders
+    # its weight first (same memory, faster small matmuls). "auto" packs where the result is
+    # bit-identical (bf16/fp16 computed natively); "on" also packs fp32 (equal to rounding);
+    # "off" keeps the plain layout. Ignored on GPUs.
+    packed_weights: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")
     def _steps_fit_the_block(self) -> ModelTuning:
@@ -267,6 +272,7 @@ FLAGS: dict[str, str] = {
     "max-steps": "model.max_steps",
     "thinking": "model.thinking",
     "resident-weights": "model.resident_weights",
+    "packed-weights": "model.packed_weights",
     "snapshot-digest": "model.snapshot_digest",
     "device": "resources.device",
     "memory-fraction": "resources.memory_fraction",
