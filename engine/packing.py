@@ -5,10 +5,11 @@ its blocked (AMX / AVX-512 tile) layout, on every call. For the small matmuls of
 step (a 32-token block, a few tokens per expert) that reorder costs as much as the product:
 measured on a 2-core Xeon with AMX, a 4x512 @ 512x512 bf16 product takes ~40 us through
 `F.linear` and ~27 us prepacked, the 18-row LM head of a 32k vocabulary 1.5 ms vs 0.9 ms.
-Packing once at load removes the reorder; the kernel that runs is the same one, so bf16 and
-fp16 results are bit-identical to `F.linear` (tested). fp32 is different: `F.linear` runs
-MKL's sgemm, which beats oneDNN on the few-row expert matmuls, so fp32 is packed only on
-request, and then matches `F.linear` to rounding, not bit for bit.
+Packing once at load removes the reorder. For the few-row products of a denoising step the
+kernel that runs is the one `F.linear` picks, so bf16 / fp16 results are bit-identical (tested);
+for products of a few hundred rows (prefill) `F.linear` switches to another blocking and the two
+agree to rounding. fp32 is different: `F.linear` runs MKL's sgemm, which beats oneDNN on the
+few-row expert matmuls, so fp32 is packed only on request, and matches to rounding.
 
 A packed weight is an opaque `torch._mkldnn` tensor of the same size: it replaces the plain
 one (no second copy), cannot be sliced or trained, and only `linear` below multiplies by it.
