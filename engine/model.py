@@ -28,8 +28,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Normalises over the last dimension."""
+        return self.normalize(x, self.weight)
+
+    def normalize(self, x: Tensor, weight: Tensor) -> Tensor:
+        """Normalises over the last dimension with this norm's eps, scaled by WEIGHT."""
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return weight * normed.to(x.dtype)
 
 
 def project(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -74,10 +78,23 @@ def default_compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dty
     return torch.float32
 
 
-def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Applies rotary embedding in the half-split layout HF uses (not interleaved)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+def rotary_tables(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """(cos, signed sin), each (N, T, 1, head_dim) in DTYPE, for `rotate` at POSITIONS (N, T).
+
+    The sin table's first half is negated once here, so each rotation is a roll and two
+    products: -x2 * sin equals x2 * (-sin) exactly, the result is HF's rotate_half form."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq
+    cos, sin = freqs.cos(), freqs.sin()
+    return (
+        torch.cat((cos, cos), dim=-1).to(dtype).unsqueeze(2),
+        torch.cat((-sin, sin), dim=-1).to(dtype).unsqueeze(2),
+    )
+
+
+def rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """Applies rotary embedding in the half-split layout HF uses (not interleaved) to x
+    (N, T, heads, head_dim), with the tables of `rotary_tables`."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class Attention(nn.Module):
@@ -91,7 +108,6 @@ class Attention(nn.Module):
             cfg.head_dim,
         )
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.split = (q, kv, kv)
         self.wqkv = nn.Linear(
             cfg.hidden_size, q + 2 * kv, bias=cfg.attention_bias, dtype=dtype, device=device
         )
@@ -102,11 +118,14 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, ctx: _Step, layer: int) -> Tensor:
         """Attends x (N, T, hidden) to the cached prefix and to itself under ctx's mask."""
         n, t, _ = x.shape
-        q, k, v = project(x, self.wqkv.weight, self.wqkv.bias).split(self.split, dim=-1)
-        q = self.q_norm(q.view(n, t, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(k.view(n, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = v.view(n, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = rotate(q, ctx.cos, ctx.sin), rotate(k, ctx.cos, ctx.sin)
+        h, kv = self.num_heads, self.num_kv_heads
+        qkv = project(x, self.wqkv.weight, self.wqkv.bias).view(n, t, h + 2 * kv, self.head_dim)
+        # q and k heads are normalised and rotated together (one kernel of each, not two): the
+        # norm is per head, so only the weight tells them apart.
+        weight = torch.cat((self.q_norm.weight.expand(h, -1), self.k_norm.weight.expand(kv, -1)))
+        qk = rotate(self.q_norm.normalize(qkv[:, :, : h + kv], weight), ctx.cos, ctx.sin)
+        q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
+        v = qkv[:, :, h + kv :].transpose(1, 2)
         keys, values = k, v
         if ctx.cache is not None:
             if ctx.cached_len > 0:
@@ -441,13 +460,16 @@ class Model(nn.Module):
             and not isinstance(block_size, Tensor)
             and block_size == 1
         )
-        # SDPA's is_causal path skips building a mask for the plain causal LM call.
-        mask = None if plain_causal else attention_mask(positions, block, cache_lens, cached_len)
-
-        freqs = positions.unsqueeze(-1).float() * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
         dtype = self.compute_dtype
-        cos, sin = emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+        # SDPA's is_causal path skips building a mask for the plain causal LM call. Otherwise
+        # the mask is made additive here, once, not converted from booleans in every layer.
+        mask = None
+        if not plain_causal:
+            allowed = attention_mask(positions, block, cache_lens, cached_len)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
+                ~allowed, float("-inf")
+            )
+        cos, sin = rotary_tables(positions, self.inv_freq, dtype)
         counts = self.expert_counts_total if self._track_experts else None
         ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.model import Model, MoE, _Step
+from engine.model import Model, MoE, _Step, rotary_tables
 
 MIN_MASK_RATIO = 1e-3
 
@@ -133,9 +133,7 @@ def _forward(
     dev = model.device
     ids = torch.cat((noisy, clean), dim=1)
     positions = torch.arange(length, device=dev).repeat(2).expand(n, 2 * length)
-    freqs = positions.unsqueeze(-1).float() * model.inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
+    cos, sin = rotary_tables(positions, model.inv_freq, model.dtype)
     mask = training_mask(length, block, dev).view(1, 1, 2 * length, 2 * length)
     ctx = _Step(cos, sin, mask, positions, None, None, 0, False, None)
     x = model.embed(ids)
