@@ -358,6 +358,7 @@ def load_model(
                     f"{file}: cannot read tensors ({exc}); re-download it"
                 ) from exc
     model.eval()
-    if packing.wanted(packed_weights, model.device, model.dtype, model.compute_dtype):
-        model.pack_weights()
+    model.pack_weights(
+        packing.scope(packed_weights, model.device, model.dtype, model.compute_dtype)
+    )
     return model

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from engine import packing
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
+from engine.packing import PackScope
 
 
 class RMSNorm(nn.Module):
@@ -327,6 +328,7 @@ class Model(nn.Module):
             persistent=False,
         )
         self._track_experts = False
+        self.packed_scope: PackScope = "none"
         if dev.type != "meta":
             self.reset_buffers()
 
@@ -367,14 +369,23 @@ class Model(nn.Module):
 
     @property
     def packed(self) -> bool:
-        """Whether the projection weights are in oneDNN's packed layout (`pack_weights`)."""
-        return packing.is_packed(self.lm_head.weight)
+        """Whether projection weights are in oneDNN's packed layout (`pack_weights`)."""
+        return self.packed_scope != "none"
 
-    def pack_weights(self, rows_hint: int | None = None) -> int:
-        """Moves every projection weight into oneDNN's packed CPU layout (engine.packing), for
-        inference only; returns the extra bytes it took: 0, or a tied LM head's own copy (the
-        embedding lookup keeps the plain matrix)."""
-        if self.packed:
+    @property
+    def weights_layout(self) -> str:
+        """How the projection weights are held, in words: plain, packed, or packed except
+        the MoE router and experts."""
+        return {"none": "plain", "all": "packed", "dense": "packed_except_experts"}[
+            self.packed_scope
+        ]
+
+    def pack_weights(self, scope: PackScope = "all", rows_hint: int | None = None) -> int:
+        """Moves projection weights into oneDNN's packed CPU layout (engine.packing), for
+        inference only: all of them, or with SCOPE "dense" all but the MoE router and experts.
+        Returns the extra bytes it took: 0, or a tied LM head's own copy (the embedding lookup
+        keeps the plain matrix)."""
+        if self.packed or scope == "none":
             return 0
         extra = 0
         with torch.no_grad():
@@ -382,13 +393,15 @@ class Model(nn.Module):
                 for linear in (layer.attn.wqkv, layer.attn.wo):
                     linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
                 if isinstance(layer.mlp, MoE):
-                    layer.mlp.pack(rows_hint)
+                    if scope == "all":
+                        layer.mlp.pack(rows_hint)
                 else:
                     for linear in (layer.mlp.w_gate_up, layer.mlp.w_down):
                         linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
             if self.lm_head.weight is self.embed.weight:
                 extra = self.embed.weight.numel() * self.embed.weight.element_size()
             self.lm_head.weight = nn.Parameter(packing.pack(self.lm_head.weight, rows_hint), False)
+        self.packed_scope = scope
         return extra
 
     def track_experts(self, enabled: bool = True) -> None:

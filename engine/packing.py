@@ -8,8 +8,11 @@ measured on a 2-core Xeon with AMX, a 4x512 @ 512x512 bf16 product takes ~40 us 
 Packing once at load removes the reorder. For the few-row products of a denoising step the
 kernel that runs is the one `F.linear` picks, so bf16 / fp16 results are bit-identical (tested);
 for products of a few hundred rows (prefill) `F.linear` switches to another blocking and the two
-agree to rounding. fp32 is different: `F.linear` runs MKL's sgemm, which beats oneDNN on the
-few-row expert matmuls, so fp32 is packed only on request, and matches to rounding.
+agree to rounding. fp32 is different: `F.linear` runs MKL's sgemm, whose few-row products
+(the experts' 2-8 tokens, the router) beat oneDNN's fixed ~25 us per call, while oneDNN is
+1.2-2x faster on the LM head and on the attention projections of a block (measured on the same
+machine, 1 and 2 threads): "auto" packs those for fp32 and leaves the MoE to MKL. Packed fp32
+products agree with MKL's to rounding.
 
 A packed weight is an opaque `torch._mkldnn` tensor of the same size: it replaces the plain
 one (no second copy), cannot be sliced or trained, and only `linear` below multiplies by it.
@@ -23,9 +26,11 @@ import torch
 from torch import Tensor
 
 PackPolicy = Literal["auto", "on", "off"]
+# What gets packed: nothing; every projection except the MoE router and experts; everything.
+PackScope = Literal["none", "dense", "all"]
 
-# Exact (same oneDNN kernel as F.linear) and faster: what "auto" packs.
-_EXACT_DTYPES = (torch.bfloat16, torch.float16)
+# oneDNN computes these for F.linear too: packing all of them pays.
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -39,17 +44,17 @@ def supported(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
-def wanted(
+def scope(
     policy: PackPolicy, device: torch.device, weights: torch.dtype, compute: torch.dtype
-) -> bool:
-    """Whether to pack: never when the weights are widened per matmul (stored narrower than
-    the compute dtype: the packed copy would be in the wrong dtype); "auto" only where packing
-    is exact and pays (half precision computed natively), "on" also fp32."""
-    if policy == "off" or weights != compute:
-        return False
-    if policy == "auto" and compute not in _EXACT_DTYPES:
-        return False
-    return supported(device, compute)
+) -> PackScope:
+    """What to pack: nothing when the weights are widened per matmul (stored narrower than the
+    compute dtype: a packed copy would be in the wrong dtype) or oneDNN cannot; "on": every
+    projection; "auto": every one in half precision, all but the MoE's few-row ones in fp32."""
+    if policy == "off" or weights != compute or not supported(device, compute):
+        return "none"
+    if policy == "on" or compute in _HALF_DTYPES:
+        return "all"
+    return "dense"
 
 
 def pack(weight: Tensor, rows_hint: int | None = None) -> Tensor:

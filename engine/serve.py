@@ -147,12 +147,17 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
             "dtype": str(model.dtype).removeprefix("torch."),
         },
     )
-    if packing.wanted(m.packed_weights, model.device, model.dtype, model.compute_dtype):
+    scope = packing.scope(m.packed_weights, model.device, model.dtype, model.compute_dtype)
+    if scope != "none":
         start = time.perf_counter()
-        extra = model.pack_weights()
+        extra = model.pack_weights(scope)
         log.info(
             "weights packed for oneDNN",
-            extra={"extra_bytes": extra, "seconds": round(time.perf_counter() - start, 3)},
+            extra={
+                "scope": scope,
+                "extra_bytes": extra,
+                "seconds": round(time.perf_counter() - start, 3),
+            },
         )
     if hasattr(model, "track_experts"):
         model.track_experts(True)
@@ -173,7 +178,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         m.snapshot_digest,
         dtype=str(model.dtype).removeprefix("torch."),
         compute_dtype=compute,
-        weights_layout="packed" if model.packed else "plain",
+        weights_layout=model.weights_layout,
         device=device,
     )
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)

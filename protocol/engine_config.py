@@ -109,9 +109,9 @@ class ModelTuning(_Section):
     # the widened weights and the KV cache fit resources.memory_fraction of the machine's RAM.
     resident_weights: Literal["auto", "stored", "compute"] = "auto"
     # On a CPU, projection weights can be kept in oneDNN's packed layout, so no matmul reorders
-    # its weight first (same memory, faster small matmuls). "auto" packs where the result is
-    # bit-identical (bf16/fp16 computed natively); "on" also packs fp32 (equal to rounding);
-    # "off" keeps the plain layout. Ignored on GPUs.
+    # its weight first (same memory, faster matmuls). "auto" packs every projection for bf16 /
+    # fp16 computed natively, and for fp32 all but the MoE router and experts (MKL is faster on
+    # their few rows); "on" packs everything; "off" keeps the plain layout. Ignored on GPUs.
     packed_weights: Literal["auto", "on", "off"] = "auto"
 
     @model_validator(mode="after")

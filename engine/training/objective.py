@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from engine.model import Model, MoE, _Step, rotary_tables
+from engine.model import Model, MoE, _Step, project, rotary_tables
 
 MIN_MASK_RATIO = 1e-3
 
@@ -129,6 +129,9 @@ def block_diffusion_loss(
 def _forward(
     model: Model, clean: Tensor, noisy: Tensor, masked: Tensor, block: int
 ) -> tuple[Tensor, Tensor]:
+    if model.packed_scope == "all":
+        # The objective runs the experts itself, on the stacked expert weights packing emptied.
+        raise ValueError("a model with packed expert weights is for inference only")
     n, length = clean.shape
     dev = model.device
     ids = torch.cat((noisy, clean), dim=1)
@@ -149,7 +152,7 @@ def _forward(
             out = layer.mlp(h)
         x = (flat + out).view(n, 2 * length, -1)
     rows = x[:, :length][masked]
-    logits = F.linear(model.norm(rows), model.lm_head.weight).float()
+    logits = project(model.norm(rows), model.lm_head.weight).float()
     return logits, balance / len(model.layers)
 
 

@@ -16,7 +16,7 @@ from engine.demo_checkpoint import create_demo_checkpoint
 from engine.kv_cache import KVCache
 from engine.llm import LLM
 from engine.loader import load_model
-from engine.model import DenseMLP, Model
+from engine.model import DenseMLP, Model, MoE
 from engine.params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -32,16 +32,17 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_rule() -> None:
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert not packing.wanted("off", CPU, bf16, bf16)
+    assert packing.scope("off", CPU, bf16, bf16) == "none"
     # Weights widened per matmul: a packed copy would be in the wrong dtype.
-    assert not packing.wanted("on", CPU, bf16, fp32)
-    # auto leaves fp32 to MKL (faster for few-row expert matmuls), "on" packs it.
-    assert not packing.wanted("auto", CPU, fp32, fp32)
-    assert packing.wanted("on", CPU, fp32, fp32) == packing.supported(CPU, fp32)
-    assert packing.wanted("auto", CPU, bf16, bf16) == packing.supported(CPU, bf16)
-    assert not packing.wanted("on", torch.device("cuda"), bf16, bf16)
+    assert packing.scope("on", CPU, bf16, fp32) == "none"
     # This CPU build of torch has oneDNN: fp32 packing is always there.
     assert packing.supported(CPU, fp32)
+    # auto leaves fp32's few-row MoE products to MKL; "on" packs them too.
+    assert packing.scope("auto", CPU, fp32, fp32) == "dense"
+    assert packing.scope("on", CPU, fp32, fp32) == "all"
+    half = "all" if packing.supported(CPU, bf16) else "none"
+    assert packing.scope("auto", CPU, bf16, bf16) == half
+    assert packing.scope("on", torch.device("cuda"), bf16, bf16) == "none"
 
 
 @pytest.mark.parametrize("dtype", PACKABLE, ids=str)
@@ -118,6 +119,19 @@ def test_dense_layers_and_attention_biases_are_packed_too() -> None:
     assert packing.is_packed(packed.layers[1].attn.wqkv.weight)
     ids = torch.randint(0, 64, (1, 12))
     torch.testing.assert_close(packed(ids, block_size=4), plain(ids, block_size=4))
+
+
+def test_the_dense_scope_leaves_the_moe_to_mkl(checkpoint: Path) -> None:
+    plain = load_model(checkpoint, dtype="fp32")
+    dense = load_model(checkpoint, dtype="fp32", packed_weights="auto")
+    assert (plain.weights_layout, dense.weights_layout) == ("plain", "packed_except_experts")
+    moe = dense.layers[0].mlp
+    assert isinstance(moe, MoE) and moe.packed_experts is None
+    assert not packing.is_packed(moe.router) and moe.w_gate_up.numel() > 0
+    assert packing.is_packed(dense.layers[0].attn.wqkv.weight)
+    assert packing.is_packed(dense.lm_head.weight)
+    ids = torch.randint(0, plain.config.vocab_size, (1, 16))
+    torch.testing.assert_close(dense(ids, block_size=4), plain(ids, block_size=4))
 
 
 def test_packing_a_tied_head_reports_its_extra_copy(tmp_path: Path) -> None:

@@ -70,8 +70,8 @@ def test_gauges_model_info_and_expert_counts(server: ServerProcess) -> None:
     assert info.labels["snapshot_digest"] == "sha256:demo0"
     # The dtype activations are computed in, as the engine chose it for this CPU.
     assert (info.labels["dtype"], info.labels["compute_dtype"]) == ("float32", "float32")
-    # packed_weights: auto leaves fp32 weights in the plain layout (MKL's own kernels).
-    assert info.labels["weights_layout"] == "plain"
+    # packed_weights: auto packs fp32 projections but leaves the MoE's few-row ones to MKL.
+    assert info.labels["weights_layout"] == "packed_except_experts"
     assert families["dllm_kv_cache_total_bytes"].samples[0].value > 0
     assert "dllm_kv_cache_used_bytes" in families
     experts = families["dllm_expert_tokens"].samples
