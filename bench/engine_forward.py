@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import statistics
 import tempfile
 import time
@@ -166,6 +167,11 @@ def run_dtype(path: Path, dtype: torch.dtype, prompt: int, block: int, steps: in
         blocks = median_ms({"ours": (ours_block, None), "hf": (hf_block, fresh_caches)}, repeats)
     res["ours_step"], res["hf_step"] = blocks["ours"] / steps, blocks["hf"] / steps
     res["packed"] = float(ours.packed)
+    res["weights_mib"] = ours.weight_bytes() / 2**20
+    res["cache_mib"] = (
+        sum(t.numel() * t.element_size() for t in (*cache.keys, *cache.values)) / 2**20
+    )
+    res["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     res["step_gflop"] = step_flops(ours.config, prompt, block, masked_counts) / 1e9
     res["gflops"] = matmul_rate(ours.config, ours.compute_dtype, block, repeats)
     res["floor"] = res["step_gflop"] / res["gflops"] * 1000
@@ -250,6 +256,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"{r['hf_step']:.1f} ms | ratio {r['ours_step'] / r['hf_step']:.2f}x"
                 + (" (goal <= 0.50x)" if name == "bf16" else "")
                 + (" | weights packed" if r["packed"] else " | weights plain")
+            )
+            print(
+                f"[{name}] memory: our weights {r['weights_mib']:.1f} MiB, KV cache "
+                f"{r['cache_mib']:.1f} MiB; peak RSS of this process so far {r['rss_mib']:.0f} MiB "
+                "(both models)"
             )
             print(
                 f"[{name}] (c) matmul-rate floor of (b): {r['step_gflop']:.3g} GFLOP at "

@@ -404,6 +404,14 @@ class Model(nn.Module):
         self.packed_scope = scope
         return extra
 
+    def weight_bytes(self) -> int:
+        """Bytes the weights take, in whatever layout they are held (a tied matrix once)."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        for layer in self.layers:
+            for pair in getattr(layer.mlp, "packed_experts", None) or ():
+                total += sum(w.numel() * w.element_size() for w in pair)
+        return total
+
     def track_experts(self, enabled: bool = True) -> None:
         """Turns cumulative per-expert token counting on or off."""
         self._track_experts = enabled

@@ -70,7 +70,7 @@ def test_a_packed_model_computes_what_the_plain_one_does(
     packed = load_model(checkpoint, dtype=dtype, compute_dtype=dtype, packed_weights="on")
     assert packed.packed and not plain.packed
     # Packing replaces the weights (no second copy): the same bytes, now in the packed layout.
-    assert _bytes(packed) <= _bytes(plain)
+    assert packed.weight_bytes() == plain.weight_bytes()
     assert packed.layers[0].mlp.w_gate_up.numel() == 0  # type: ignore[union-attr]
     tol = {"rtol": 1e-4, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 0.05, "atol": 0.05}
     gen = torch.Generator().manual_seed(1)
@@ -159,12 +159,3 @@ def test_llm_greedy_output_is_the_same_packed(checkpoint: Path) -> None:
     got = [o.token_ids for o in packed.generate(prompts, params)]
     assert got == [o.token_ids for o in plain.generate(prompts, params)]
     assert all(len(ids) == 12 for ids in got)
-
-
-def _bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
-        w.numel() * w.element_size()
-        for layer in model.layers  # type: ignore[union-attr]
-        for pair in (getattr(layer.mlp, "packed_experts", None) or [])
-        for w in pair
-    )
