@@ -178,12 +178,12 @@ class MoE(nn.Module):
         # Per expert (gate_up, down) in oneDNN's layout once `pack` ran (see engine.packing).
         self.packed_experts: list[tuple[Tensor, Tensor]] | None = None
 
-    def pack(self, rows_hint: int | None) -> None:
+    def pack(self) -> None:
         """Moves the router and every expert into the packed layout (inference only: the
         stacked expert parameters are emptied, not copied)."""
-        self.router = nn.Parameter(packing.pack(self.router, rows_hint), requires_grad=False)
+        self.router = nn.Parameter(packing.pack(self.router), requires_grad=False)
         self.packed_experts = [
-            (packing.pack(self.w_gate_up[e], rows_hint), packing.pack(self.w_down[e], rows_hint))
+            (packing.pack(self.w_gate_up[e]), packing.pack(self.w_down[e]))
             for e in range(self.num_experts)
         ]
         dtype, device = self.w_down.dtype, self.w_down.device
@@ -265,8 +265,8 @@ class _Step:
     """What every layer of one forward shares: rotary tables, the mask, the cache binding."""
 
     cos: Tensor
-    sin: Tensor
-    mask: Tensor | None
+    sin: Tensor  # first half negated (see rotary_tables)
+    mask: Tensor | None  # additive, in the compute dtype (or a boolean one, from training)
     positions: Tensor
     cache: KVCache | None
     slots: Tensor | None
@@ -380,7 +380,7 @@ class Model(nn.Module):
             self.packed_scope
         ]
 
-    def pack_weights(self, scope: PackScope = "all", rows_hint: int | None = None) -> int:
+    def pack_weights(self, scope: PackScope = "all") -> int:
         """Moves projection weights into oneDNN's packed CPU layout (engine.packing), for
         inference only: all of them, or with SCOPE "dense" all but the MoE router and experts.
         Returns the extra bytes it took: 0, or a tied LM head's own copy (the embedding lookup
@@ -391,16 +391,16 @@ class Model(nn.Module):
         with torch.no_grad():
             for layer in self.layers:
                 for linear in (layer.attn.wqkv, layer.attn.wo):
-                    linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
+                    linear.weight = nn.Parameter(packing.pack(linear.weight), False)
                 if isinstance(layer.mlp, MoE):
                     if scope == "all":
-                        layer.mlp.pack(rows_hint)
+                        layer.mlp.pack()
                 else:
                     for linear in (layer.mlp.w_gate_up, layer.mlp.w_down):
-                        linear.weight = nn.Parameter(packing.pack(linear.weight, rows_hint), False)
+                        linear.weight = nn.Parameter(packing.pack(linear.weight), False)
             if self.lm_head.weight is self.embed.weight:
                 extra = self.embed.weight.numel() * self.embed.weight.element_size()
-            self.lm_head.weight = nn.Parameter(packing.pack(self.lm_head.weight, rows_hint), False)
+            self.lm_head.weight = nn.Parameter(packing.pack(self.lm_head.weight), False)
         self.packed_scope = scope
         return extra
 

@@ -57,9 +57,10 @@ def scope(
     return "dense"
 
 
-def pack(weight: Tensor, rows_hint: int | None = None) -> Tensor:
-    """WEIGHT (out, in) in oneDNN's blocked layout; ROWS_HINT: the typical rows per call."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows_hint)
+def pack(weight: Tensor) -> Tensor:
+    """WEIGHT (out, in) in oneDNN's blocked layout. (oneDNN also takes a hint of the rows per
+    call; none is given: one layout serves the few-row steps and the prefill alike.)"""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
 def is_packed(weight: Tensor) -> bool:
