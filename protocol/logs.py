@@ -53,8 +53,9 @@ def _encode(value: Any) -> str:
 
 
 def _scrub(key: str, value: Any) -> Any:
-    # Nested too: an engine config logged whole carries `service.api_key`.
-    if _names_a_secret(key):
+    # Nested too: an engine config logged whole carries `service.api_key`. A number is never
+    # one of our secrets (tokens and keys are strings): `kv_bytes_per_token` stays readable.
+    if _names_a_secret(key) and not (value is None or isinstance(value, int | float)):
         return REDACTED
     if isinstance(value, dict):
         return {k: _scrub(str(k), v) for k, v in value.items()}

@@ -84,3 +84,20 @@ def test_a_request_id_from_the_gateway_is_echoed_and_logged(server: Any) -> None
     assert found["gw-abc.123"]["status"] == 200
     assert found["gw-abc.123"]["path"] == "/v1/completions"
     assert fresh in found
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_a_count_named_like_a_secret_stays_readable_and_a_secret_does_not(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging("info", "json")
+    logging.getLogger("engine.serve").info(
+        "memory plan",
+        extra={"kv_bytes_per_token": 4096, "bootstrap_token": KEY,
+               "instance_api_key": {"value": KEY}, "token": None},
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    line = json.loads(err.splitlines()[-1])
+    assert line["kv_bytes_per_token"] == 4096 and line["token"] is None
+    assert line["bootstrap_token"] == "***" and line["instance_api_key"] == "***"
+    assert KEY not in err
