@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cli.exits import FAILURE, OK
 from cli.output import Column, print_fields, print_table
+from protocol.metric_units import metric_unit
 
 if TYPE_CHECKING:
     from protocol.rollouts import Analysis, RolloutOut
@@ -69,14 +70,12 @@ def format_metric(metric: str, value: float | None) -> str:
     """
     if value is None:
         return "-"
-    name = metric.lower()
-    if "rate" in name:
+    unit = metric_unit(metric)
+    if unit == "ratio":
         return f"{value * 100:.2f}%"
-    if name.endswith(("(s)", "_s")) or "latency" in name or "ttft" in name:
+    if unit == "seconds":
         return f"{value * 1000:.0f} ms"
-    if "restarts" in name or "requests" in name:
-        return f"{value:.0f}"
-    return f"{value:.2f}"
+    return f"{value:.0f}" if unit == "count" else f"{value:.2f}"
 
 
 def _captured(write: Callable[[], None]) -> str:

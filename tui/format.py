@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from protocol.metric_units import metric_unit
+
 NA = "N/A"
 NONE = "-"
 _SPARKS = "▁▂▃▄▅▆▇█"
@@ -124,11 +126,9 @@ def metric(name: str, value: float | None) -> str:
     counts whole, ratios with 2 decimals."""
     if value is None:
         return NONE
-    lowered = name.lower()
-    if "rate" in lowered:
+    unit = metric_unit(name)
+    if unit == "ratio":
         return ratio_percent(value)
-    if lowered.endswith(("(s)", "_s")) or "latency" in lowered or "ttft" in lowered:
+    if unit == "seconds":
         return millis(value)
-    if "restarts" in lowered or "requests" in lowered:
-        return f"{value:.0f}"
-    return f"{value:.2f}"
+    return f"{value:.0f}" if unit == "count" else f"{value:.2f}"
