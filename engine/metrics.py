@@ -78,6 +78,12 @@ class EngineMetrics:
         self.requests_waiting = Gauge(
             "dllm_requests_waiting", "Requests admitted but waiting for a batch slot.", registry=r
         )
+        self.max_queue = Gauge(
+            "dllm_max_queue",
+            "Requests allowed to wait for a batch slot (service.max_queue); more are refused "
+            "with 429.",
+            registry=r,
+        )
         self.e2e_latency = Histogram(
             "dllm_e2e_request_latency_seconds",
             "Time from admission to the last token of a finished request.",

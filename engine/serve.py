@@ -182,6 +182,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         device=device,
     )
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)
+    state.metrics.max_queue.set(svc.max_queue)
     engine = AsyncEngine(
         core,
         state.metrics,

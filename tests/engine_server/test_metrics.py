@@ -73,6 +73,8 @@ def test_gauges_model_info_and_expert_counts(server: ServerProcess) -> None:
     # packed_weights: auto packs fp32 projections but leaves the MoE's few-row ones to MKL.
     assert info.labels["weights_layout"] == "packed_except_experts"
     assert families["dllm_kv_cache_total_bytes"].samples[0].value > 0
+    # The shared server's service.max_queue, so alerts can say how full the queue is.
+    assert families["dllm_max_queue"].samples[0].value == 4
     assert "dllm_kv_cache_used_bytes" in families
     experts = families["dllm_expert_tokens"].samples
     # The tiny demo model: 2 MoE layers x 4 experts, top-2 routing.
