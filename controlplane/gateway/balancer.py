@@ -8,7 +8,12 @@ Passive health of one instance, keyed by instance id so it survives routing-tabl
 
     healthy --3 consecutive failures--> ejected (10 s) --time passes--> probation
     probation --1 failure--> ejected (twice as long as last time, at most 120 s)
-    healthy | probation --a success--> healthy (counters reset)
+    healthy | probation | ejected --a success--> healthy (counters reset)
+
+When every instance a request may use is ejected, the least recently ejected is tried anyway
+("panic" routing, as Envoy does below its panic threshold): a restarted engine is ejected for
+its downtime and is usually back before its 10 s are over, so during a rolling restart of two
+instances both can be ejected at once while one serves again; an attempt beats a certain 503.
 
 A failure is a connection that could not be made or broke before an answer, or a 5xx answer.
 Failures of requests that were already in flight when the instance was ejected change nothing.
@@ -99,6 +104,17 @@ class Balancer:
                         best = instance
             if best is not None:
                 return pool, best
+        return self._panic_pick(pools, exclude)
+
+    def _panic_pick(
+        self, pools: tuple[VersionPool, ...], exclude: Collection[int]
+    ) -> tuple[VersionPool, Instance] | None:
+        """Every instance is ejected: the one whose ejection ends first, in the first pool with
+        any; None when the pools are empty."""
+        for pool in pools:
+            candidates = [i for i in pool.instances if i.id not in exclude]
+            if candidates:
+                return pool, min(candidates, key=lambda i: self.health(i.id).ejected_until)
         return None
 
     def started(self, instance: Instance) -> None:
@@ -110,10 +126,11 @@ class Balancer:
         self.health(instance.id).outstanding -= 1
 
     def succeeded(self, instance: Instance) -> None:
-        """INSTANCE answered (anything but 5xx): it is healthy."""
+        """INSTANCE answered (anything but 5xx): it is healthy, ejected or not."""
         state = self.health(instance.id)
         state.failures = 0
         state.ejections = 0
+        state.ejected_until = 0.0
 
     def failed(self, instance: Instance) -> bool:
         """INSTANCE failed a request; True when that ejected it."""

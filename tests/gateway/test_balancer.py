@@ -154,3 +154,24 @@ def test_any_weight_reaches_both_pools(weight: int) -> None:
     route = _route(weight=weight)
     names = {balancer.pool_order(route)[0].name for _ in range(2000)}
     assert names == {"stable", "canary"}
+
+
+def test_with_every_instance_ejected_the_first_to_recover_is_tried_and_a_success_heals_it() -> None:
+    # A rolling restart of two instances: the first is ejected for its downtime and already
+    # serves again when the second goes down and is ejected too.
+    clock = Clock()
+    balancer, _ = _balancer(clock)
+    route = _route(stable=2, canary=0)
+    first, second = route.stable.instances
+    for _ in range(3):
+        balancer.failed(first)
+    clock.now += 4
+    for _ in range(3):
+        balancer.failed(second)
+    assert balancer.is_ejected(first.id) and balancer.is_ejected(second.id)
+    assert balancer.pick(balancer.pool_order(route)) == (route.stable, first)
+    assert balancer.pick((route.stable,), exclude=(first.id,)) == (route.stable, second)
+    balancer.succeeded(first)
+    assert not balancer.is_ejected(first.id) and balancer.is_ejected(second.id)
+    # An empty pool is still nothing to pick.
+    assert balancer.pick(balancer.pool_order(_route(stable=0, canary=0))) is None
