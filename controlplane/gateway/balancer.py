@@ -10,7 +10,7 @@ Passive health of one instance, keyed by instance id so it survives routing-tabl
     probation --1 failure--> ejected (twice as long as last time, at most 120 s)
     healthy | probation | ejected --a success--> healthy (counters reset)
 
-When every instance a request may use is ejected, the least recently ejected is tried anyway
+When every instance a request may use is ejected, the one whose ejection ends first is tried
 ("panic" routing, as Envoy does below its panic threshold): a restarted engine is ejected for
 its downtime and is usually back before its 10 s are over, so during a rolling restart of two
 instances both can be ejected at once while one serves again; an attempt beats a certain 503.
