@@ -56,7 +56,10 @@ class Host(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(max_length=63, unique=True)
+    # The operator's labels (`dctl host label`, or stamped by the bootstrap token): the only ones
+    # placement reads. What the agent reports is kept apart until an operator adopts it.
     labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
+    reported_labels: dict[str, str] = Field(default_factory=dict, sa_column=json_column(False))
     # Where engines on this host listen and the agent's probes reach them (IP or DNS name).
     advertise_address: str | None = Field(default=None, max_length=255)
     state: str = Field(default="ready", max_length=16, index=True)
@@ -273,6 +276,12 @@ class ApiToken(SQLModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_column=utc_column())
     # Client tokens only: the deployments the token may call through the gateway (None: all).
     deployments: list[str] | None = Field(default=None, sa_column=json_column())
+    # Client tokens only: may pin a request to the stable or canary pool (`x-dctl-pool`).
+    allow_pool_pin: bool = False
+    # Client tokens only: requests in flight at once through one gateway (None: the default).
+    max_concurrency: int | None = None
+    # Bootstrap tokens only: the labels stamped on every host the token registers.
+    labels: dict[str, str] | None = Field(default=None, sa_column=json_column())
 
 
 class MetricSample(SQLModel, table=True):
