@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def test_migration_scripts_ship_inside_the_package() -> None:
     root = Path(migrations.__file__).parent
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "__init__.py").is_file()  # so setuptools packages the scripts
-    assert migrate.head() == "0005"
+    assert migrate.head() == "0006"
 
 
 def test_upgrading_to_0002_gives_existing_instances_a_key_and_their_hosts_the_news(
@@ -137,3 +138,29 @@ def test_unsupported_database_urls_are_named() -> None:
 
     with pytest.raises(DatabaseUrlError, match="sqlite:///PATH or postgresql"):
         make_engine("mysql://root@localhost/x")
+
+
+def test_upgrading_to_0006_keeps_hosts_labels_for_placement_and_as_reported(
+    empty_url: str,
+) -> None:
+    migrate.upgrade(empty_url, "0005")
+    engine = make_engine(empty_url)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO host (id, name, labels, state, draining, registered_at, "
+                "heartbeat_interval_s, port_range_start, port_range_end, facts, gpu_samples, "
+                "desired_generation, applied_generation, heartbeat_seq) VALUES (1, 'gpu-a', "
+                "'{\"tier\": \"prod\"}', 'ready', false, '2026-01-01 00:00:00', 5, 18000, "
+                "18099, '{}', '[]', 1, 0, 0)"
+            )
+        )
+    engine.dispose()
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT labels, reported_labels FROM host")).one()
+    engine.dispose()
+    # An upgrade moves no instance: the labels placement read stay the operator's.
+    # SQLite hands JSON back as text, PostgreSQL as the decoded value.
+    assert [json.loads(v) if isinstance(v, str) else v for v in row] == [{"tier": "prod"}] * 2
