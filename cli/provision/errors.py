@@ -3,7 +3,7 @@
 `connect_error` turns what paramiko raises while connecting into one of them.
 
 ProvisionError
-├── HostKeyError     the host key is unknown (and not accepted) or changed
+├── HostKeyError     the host key is unknown (and not accepted), changed or revoked
 ├── ConnectError     unreachable, refused, timed out, or our credentials were not accepted
 └── CommandFailed    a remote command exited non-zero (cli.provision.ssh; has `.result`)
 """
@@ -23,7 +23,7 @@ class ProvisionError(Exception):
 
 
 class HostKeyError(ProvisionError):
-    """The host's key is not known (and not accepted), or it changed since it was recorded."""
+    """The host's key is not known (and not accepted), changed since it was recorded, or revoked."""
 
 
 class ConnectError(ProvisionError):

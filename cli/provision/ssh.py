@@ -25,10 +25,10 @@ from invoke.exceptions import CommandTimedOut, ThreadException
 
 from cli.provision.errors import ConnectError, HostKeyError, ProvisionError, connect_error
 from cli.provision.known_hosts import (
+    KnownHosts,
     KnownHostsPolicy,
     changed_key_error,
     fingerprint,
-    load_known_hosts,
 )
 from cli.provision.target import SshTarget
 
@@ -132,17 +132,19 @@ class Remote:
             config=Config(ssh_config=paramiko.SSHConfig(), lazy=True),
             connect_kwargs=self._connect_kwargs(),
         )
+        known = KnownHosts.read(self.known_hosts, self.log)
         # Into the client's own HostKeys: paramiko writes those back only under AutoAddPolicy.
-        load_known_hosts(self.known_hosts, into=conn.client.get_host_keys(), log=self.log)
+        known.trust(into=conn.client.get_host_keys(), name=self.target.known_hosts_name)
         accept_new = self.options.accept_new_host_key
         conn.client.set_missing_host_key_policy(
-            KnownHostsPolicy(self.target, self.known_hosts, accept_new=accept_new, log=self.log)
+            KnownHostsPolicy(self.target, known, accept_new=accept_new, log=self.log)
         )
         try:
             conn.open()
         except paramiko.BadHostKeyException as exc:
             conn.close()
-            raise changed_key_error(self.target, self.known_hosts, exc) from exc
+            refused = known.revoked_error(self.target, exc.key)
+            raise refused or changed_key_error(self.target, self.known_hosts, exc) from exc
         except BaseException as exc:
             conn.close()
             error = connect_error(self.target, exc, self.options.key_file, timeout_s)
