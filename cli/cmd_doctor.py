@@ -15,6 +15,7 @@ import typer
 from cli.exits import FAILURE, USAGE, fail
 from cli.output import JSON_OPTION, print_json
 from cli.remote import connect
+from protocol.plain_text import printable
 
 if TYPE_CHECKING:
     from cli.doctor import Finding
@@ -30,7 +31,8 @@ def render(findings: list[Finding]) -> str:
         figures = ", ".join(f"{k}={v}" for k, v in f.evidence.items())
         lines.append(f"        evidence: {figures}")
         lines.append(f"        fix: {f.fix}")
-    return "\n".join(lines) + "\n"
+    # Findings quote what agents reported (check reasons, instance messages): made inert.
+    return "".join(printable(line) + "\n" for line in lines)
 
 
 def doctor(

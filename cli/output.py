@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from protocol.plain_text import printable
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -43,7 +45,12 @@ def print_json(data: Any) -> None:
 
 
 def cell(value: Any) -> str:
-    """A value as a table cell: `-` for nothing, short ISO times, comma-joined lists."""
+    """A value as a table cell: `-` for nothing, short ISO times, comma-joined lists; never a
+    control character (the values come from servers, and from agents through them)."""
+    return printable(_shown(value))
+
+
+def _shown(value: Any) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, bool):
@@ -54,9 +61,9 @@ def cell(value: Any) -> str:
         # ISO timestamps from the API: seconds are precise enough for a person.
         return value[:19].replace("T", " ")
     if isinstance(value, list | tuple):
-        return ", ".join(cell(v) for v in value) or "-"
+        return ", ".join(_shown(v) for v in value) or "-"
     if isinstance(value, dict):
-        return ", ".join(f"{k}={cell(v)}" for k, v in value.items()) or "-"
+        return ", ".join(f"{k}={_shown(v)}" for k, v in value.items()) or "-"
     if isinstance(value, float):
         return f"{value:.1f}"
     return str(value)
@@ -72,6 +79,7 @@ def print_table(
     """Print ROWS as a table with COLUMNS; a short note when there are none."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     rows = list(rows)
     # Piped output is for grep and awk: one line per row, however wide. A terminal keeps its
@@ -84,7 +92,8 @@ def print_table(
     for header, _ in columns:
         table.add_column(header.upper(), no_wrap=True, overflow="ellipsis")
     for row in rows:
-        table.add_row(*(cell(_value(row, getter)) for _, getter in columns))
+        # Text, not a str: rich would read `[bold]` or `[link=...]` in a server's value as markup.
+        table.add_row(*(Text(cell(_value(row, getter))) for _, getter in columns))
     with console.capture() as captured:
         console.print(table)
     # Rich pads every cell to the column width; trailing blanks only get in the way of diffs.

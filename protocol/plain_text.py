@@ -4,21 +4,19 @@ An agent chooses its labels, facts, GPU names and instance messages; the CLI and
 them. A control character among them is an instruction to the terminal (set the window title,
 move the cursor up and erase a line, plant a hyperlink), so both ends guard against it:
 
-- `PlainText`, the type of such fields in API bodies, refuses control characters (C0 but tab,
-  DEL, C1): the request gets 422 naming the field;
+- `refuse_control_characters`, the rule of `protocol.wire.PlainText` (the type of such fields
+  in API bodies), refuses control characters (C0 but tab, DEL, C1): 422 naming the field;
 - `printable()` strips them from anything a server sent before it is printed, so rows stored
   before the API refused them (or written by an older control plane) are shown inert too.
 
 Rich markup (`[bold]`, `[link=...]`) is not a control character: whoever prints server text
-prints it as text, never as markup (a rich `Text`, not a markup string).
+prints it as text, never as markup (a rich `Text`, not a markup string). The standard library
+only: the CLI imports this module before it needs pydantic or rich.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated
-
-from pydantic import AfterValidator
 
 # C0 but tab (a tab is whitespace a person typed; Rich expands it), DEL and C1.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -53,6 +51,3 @@ def refuse_control_characters(value: str) -> str:
             "send printable text (no escape sequences or line breaks; tab is allowed)"
         )
     return value
-
-
-PlainText = Annotated[str, AfterValidator(refuse_control_characters)]
