@@ -270,6 +270,19 @@ def token_create(
         help="Client tokens: the deployments it may call through the gateway, e.g. a,b "
         "(default: all).",
     ),
+    allow_pool_pin: bool = typer.Option(
+        False,
+        "--allow-pool-pin",
+        help="Client tokens: may pin requests to the stable or canary pool (x-dctl-pool), "
+        "e.g. for a smoke test or `dctl tune`; pinned requests count in no rollout analysis.",
+    ),
+    max_concurrency: int | None = typer.Option(
+        None,
+        "--max-concurrency",
+        min=1,
+        help="Client tokens: requests in flight at once through one gateway (default: the "
+        "gateway's max_concurrency_per_token, 64).",
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Create token NAME (admin); the secret is printed once and never again.
@@ -283,7 +296,13 @@ def token_create(
     scope = None if deployments is None else [d.strip() for d in deployments.split(",")]
     spec = validated(
         lambda: TokenCreate(
-            name=name, role=role, expires_in_s=expires_s, uses=uses, deployments=scope
+            name=name,
+            role=role,
+            expires_in_s=expires_s,
+            uses=uses,
+            deployments=scope,
+            allow_pool_pin=allow_pool_pin,
+            max_concurrency=max_concurrency,
         )
     )
     with connect() as api:

@@ -65,13 +65,20 @@ class DeploymentRoute(ApiModel):
 
 
 class RouteClient(ApiModel):
-    """A client token the gateway accepts: its hash, never its secret."""
+    """A client token the gateway accepts: its hash, never its secret, and what it is granted."""
 
     key_id: str
     name: str
     secret_sha256: str
     deployments: list[str] | None = Field(default=None, description="None: every deployment")
     expires_at: datetime | None = None
+    allow_pool_pin: bool = Field(
+        default=False, description="may pin a request's pool with `x-dctl-pool`"
+    )
+    max_concurrency: int | None = Field(
+        default=None, ge=1, le=INT32_MAX,
+        description="requests in flight at once per gateway (None: the gateway's default)",
+    )  # fmt: skip
 
 
 class RouteTable(ApiModel):

@@ -7,7 +7,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from protocol.api_model import ApiModel
 from protocol.rollout_policy import RolloutPolicy
@@ -278,6 +278,26 @@ class TokenCreate(ApiModel):
         max_length=256,
         description="client tokens only: the deployments it may call (None: all of them)",
     )
+    allow_pool_pin: bool = Field(
+        default=False,
+        description="client tokens only: may pin a request to the stable or canary pool with "
+        "`x-dctl-pool` (pinned requests count in no rollout analysis)",
+    )
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="client tokens only: requests in flight at once through one gateway "
+        "(None: the gateway's max_concurrency_per_token)",
+    )
+
+    @field_validator("allow_pool_pin", "max_concurrency")
+    @classmethod
+    def _gateway_grants_for_clients(cls, value: Any, info: ValidationInfo) -> Any:
+        # Field-level, so the 422 names the field; only client tokens reach the gateway.
+        if value not in (None, False) and info.data.get("role") != "client":
+            raise ValueError(f"{info.field_name} applies to client tokens only (role client)")
+        return value
 
     @model_validator(mode="after")
     def _deployments_for_clients(self) -> TokenCreate:
@@ -305,6 +325,8 @@ class TokenOut(ApiModel):
     last_used_at: datetime | None
     revoked_at: datetime | None
     deployments: list[str] | None = None
+    allow_pool_pin: bool = False
+    max_concurrency: int | None = None
 
 
 class TokenCreated(TokenOut):

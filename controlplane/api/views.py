@@ -226,4 +226,6 @@ def token_out(row: ApiToken, host: str | None) -> TokenOut:
         last_used_at=row.last_used_at,
         revoked_at=row.revoked_at,
         deployments=row.deployments,
+        allow_pool_pin=row.allow_pool_pin,
+        max_concurrency=row.max_concurrency,
     )

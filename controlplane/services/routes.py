@@ -2,7 +2,8 @@
 
 Per deployment: the model names it serves (its own name), the stable pool (the stable version
 and its ready instances) and, while a rollout is active, the canary pool at the rollout's weight.
-Beside them, the client tokens gateways accept (hashes, never secrets).
+Beside them, the client tokens gateways accept (hashes, never secrets) with their grants: the
+deployments each may use, whether it may pin a pool, its concurrency cap.
 
 An instance is in a pool only when it can take a request now: observed ready, desired running,
 on a host that is ready and not draining, with an advertise address (an instance whose host
@@ -155,6 +156,8 @@ def _clients(session: Session, now: datetime) -> list[RouteClient]:
             secret_sha256=t.secret_sha256,
             deployments=sorted(t.deployments) if t.deployments is not None else None,
             expires_at=t.expires_at,
+            allow_pool_pin=t.allow_pool_pin,
+            max_concurrency=t.max_concurrency,
         )
         for t in rows
     ]

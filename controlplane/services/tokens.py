@@ -31,6 +31,8 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
         spec.name, Role(spec.role), now, expires_at=expires, uses=spec.uses, created_by=actor
     )
     new.row.deployments = deployments
+    new.row.allow_pool_pin = spec.allow_pool_pin
+    new.row.max_concurrency = spec.max_concurrency
     session.add(new.row)
     record_event(
         session,
@@ -42,6 +44,8 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
         role=spec.role,
         name=spec.name,
         deployments=deployments,
+        allow_pool_pin=spec.allow_pool_pin,
+        max_concurrency=spec.max_concurrency,
     )
     return new
 
