@@ -205,8 +205,6 @@ def agent(
     from protocol.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
-    # One line per probe and heartbeat would drown what matters.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         token = settings.read_bootstrap_token()
         tls_warnings = settings.check_tls()

@@ -17,11 +17,19 @@ from typing import Any, TextIO
 
 REDACTED = "***"
 # API tokens are `dctl_<id>_<random>`, instance API keys `dctl_ik_<random>`; bearer headers and
-# `key=...` pairs may carry either, or a secret of another kind.
+# `key=...` pairs may carry either, or a secret of another kind. A URL's `user:password@` and
+# query string are secrets as often as not (webhooks, database URLs, signed links).
 _SECRET_PATTERNS = [
     re.compile(r"dctl_[A-Za-z0-9]+_[A-Za-z0-9_\-]+"),
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=\-]+"),
 ]
+_URL_END = r"\s\"'<>\\"  # where a URL in a log line ends (JSON escapes included)
+_URL_PATTERNS = [
+    re.compile(rf"(?i)(\b[a-z][a-z0-9+.\-]*://)[^/?#@{_URL_END}]*(?=@)"),
+    re.compile(rf"(?i)(\b[a-z][a-z0-9+.\-]*://[^?#{_URL_END}]*\?)[^#{_URL_END}]+"),
+]
+# Loggers that write every request's URL at INFO (httpx: "HTTP Request: POST https://...").
+_CHATTY = ("httpx", "httpcore")
 # Extra fields whose value is a secret whatever it looks like: these names, and names ending in
 # `_<name>` (`bootstrap_token`, `instance_api_key`), but not `token_id` or `token_name`.
 _SECRET_KEYS = ("token", "secret", "password", "api_key", "apikey", "authorization")
@@ -36,7 +44,8 @@ _SECRET_KEY_RE = re.compile(r"(?i)^(?:.*_)?(?:" + "|".join(_SECRET_KEYS) + r")$"
 
 def redact(text: str) -> str:
     """Replace anything that looks like a secret with `***`."""
-    for pattern in _SECRET_PATTERNS:
+    patterns = [*_SECRET_PATTERNS, *_URL_PATTERNS] if "://" in text else _SECRET_PATTERNS
+    for pattern in patterns:
         text = pattern.sub(lambda m: (m.group(1) if m.groups() else "") + REDACTED, text)
     return text
 
@@ -140,3 +149,6 @@ def configure_logging(level: str = "info", fmt: str = "kv", stream: TextIO | Non
         logger.handlers[:] = []
         logger.propagate = True
         logger.setLevel(logging.NOTSET)
+    # Whatever LEVEL says: their request lines carry whole URLs (a webhook's secret, say).
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.WARNING)
