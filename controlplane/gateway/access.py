@@ -5,8 +5,10 @@ table carries each one's SHA-256, scope and expiry, never the secret; a request'
 hashed and compared in constant time. A revoked token leaves the table, so it stops working
 within one routing poll.
 
-Every refusal is a `GatewayError`: 401 for a missing, malformed, unknown or expired token, and
-429 with `Retry-After` when a token spends its rate (a token bucket per key id).
+Every refusal is a `GatewayError`: 401 for a missing, malformed, unknown or expired token, 429
+with `Retry-After` when a token spends its rate (a token bucket per key id), and 403 when a
+token without the grant pins a pool (`check_pool_pin`): pinned requests choose which version
+serves them, so a client free to pin could feed the rollout analysis what it likes.
 """
 
 from __future__ import annotations
@@ -48,6 +50,19 @@ def authenticate(authorization: bytes | None, table: RoutingTable, now: float) -
     if grant.expires_at is not None and now >= grant.expires_at:
         raise _unauthorized(f"API key {grant.key_id} ({grant.name}) has expired; ask for a new one")
     return grant
+
+
+def check_pool_pin(grant: ClientGrant) -> None:
+    """Refuse with a 403 unless GRANT may pin a request's pool (`x-dctl-pool`)."""
+    if not grant.allow_pool_pin:
+        raise GatewayError(
+            403,
+            f"API key {grant.key_id} ({grant.name}) may not pin a pool (x-dctl-pool): leave the "
+            "header out, or use a client token created with "
+            "`dctl token create NAME --role client --allow-pool-pin`",
+            param="x-dctl-pool",
+            code="pool_pin_not_allowed",
+        )
 
 
 class RateLimiter:

@@ -8,11 +8,15 @@
     GET  /health/ready                                200 once a routing table is loaded
 
 A completion request is checked in order of cost: in-flight limit (503), token (401), rate
-(429), `x-dctl-pool` (400), body size (413), JSON with a `model` (400), the model known (404,
-listing the models the token may use), the token's scope (403); then forwarded. The body is
-parsed only to find `model`: the engine validates the rest. Every refusal is in OpenAI's error
-shape and carries the request id (`x-request-id`: the client's when it is a sane token, else a
-new one), which also goes to the engine and into the one log line per request.
+(429), `x-dctl-pool` (403 without the token's grant, 400 for a bad value), body size (413), JSON
+with a `model` (400), the model known (404, listing the models the token may use), the token's
+scope (403); then forwarded. The body is parsed only to find `model`: the engine validates the
+rest. Every refusal is in OpenAI's error shape and carries the request id (`x-request-id`: the
+client's when it is a sane token, else a new one), which also goes to the engine and into the
+one log line per request.
+
+A pinned request is counted apart (`pinned="true"` in the metrics, in no traffic window): the
+rollout analysis reads the windows, and the sender of a pinned request chose its version.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.gateway.access import RateLimiter, authenticate
+from controlplane.gateway.access import RateLimiter, authenticate, check_pool_pin
 from controlplane.gateway.asgi import (
     ClientGone,
     Receive,
@@ -167,7 +171,7 @@ class GatewayApp:
                 table = self._table()
                 grant = authenticate(headers.get(b"authorization"), table, self._now())
                 self.limiter.admit(grant.key_id)
-                pinned = self._pinned(headers.get(b"x-dctl-pool"))
+                pinned = self._pinned(headers.get(b"x-dctl-pool"), grant)
                 body = await read_body(
                     receive, headers.get(b"content-length"), self.limits.max_body_bytes
                 )
@@ -200,7 +204,7 @@ class GatewayApp:
                 received_at=received_at,
             )
             result = await self.proxy.forward(route, request, receive, send)
-            self._log(scope, request_id, result, received_at, grant)
+            self._log(scope, request_id, result, received_at, grant, pinned)
         finally:
             self.inflight -= 1
             self.metrics.inflight.dec()
@@ -230,9 +234,10 @@ class GatewayApp:
             )
         return table
 
-    def _pinned(self, value: bytes | None) -> Pool | None:
+    def _pinned(self, value: bytes | None, grant: ClientGrant) -> Pool | None:
         if value is None or not self.limits.pool_header:
             return None
+        check_pool_pin(grant)
         pool = _POOLS.get(value.strip().lower())
         if pool is None:
             raise GatewayError(
@@ -265,6 +270,7 @@ class GatewayApp:
         result: Forwarded,
         received_at: float,
         grant: ClientGrant | None,
+        pinned: Pool | None = None,
     ) -> None:
         if not log.isEnabledFor(logging.INFO):
             return
@@ -280,6 +286,8 @@ class GatewayApp:
             extra["deployment"] = result.pool.deployment
             extra["version"] = result.pool.version
             extra["pool"] = result.pool.name
+        if pinned is not None:
+            extra["pinned"] = True
         if result.instance is not None:
             extra["instance"] = result.instance.id
         if result.retries:

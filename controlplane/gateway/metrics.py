@@ -1,6 +1,11 @@
 """The gateway's own `/metrics` (Prometheus text, no auth, like the engine's), on a registry of
-its own. Per-series children are looked up once per (deployment, version, pool) and kept, so a
-request pays for increments, not for label lookups."""
+its own. Per-series children are looked up once per (deployment, version, pool, pinned) and
+kept, so a request pays for increments, not for label lookups.
+
+`pinned="true"` marks requests a token with the grant pinned to a pool (`x-dctl-pool`): a smoke
+test stays visible here while the traffic windows, which the rollout analysis reads, leave it
+out; a query that judges a version should select `pinned="false"`.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +16,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from protocol.gateway import LATENCY_BUCKETS_S
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LABELS = ["deployment", "version", "pool"]
+_LABELS = ["deployment", "version", "pool", "pinned"]
 
 
 @dataclass
 class Series:
-    """The children of one (deployment, version, pool)."""
+    """The children of one (deployment, version, pool, pinned)."""
 
-    labels: tuple[str, str, str]
+    labels: tuple[str, str, str, str]
     duration: Histogram
     ttft: Histogram
     output_tokens: Counter
@@ -32,8 +37,9 @@ class GatewayMetrics:
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "dctl_gateway_requests",
-            "Requests answered, by deployment, version, pool and status code (499: the client "
-            "left first). Refusals before a deployment is known have empty labels.",
+            "Requests answered, by deployment, version, pool, pinned (x-dctl-pool) and status "
+            "code (499: the client left first). Refusals before a deployment is known have "
+            "empty labels.",
             [*_LABELS, "code"],
             registry=r,
         )
@@ -73,12 +79,12 @@ class GatewayMetrics:
         self.inflight = Gauge(
             "dctl_gateway_inflight", "Completion requests being served.", registry=r
         )
-        self._series: dict[tuple[str, str, str], Series] = {}
+        self._series: dict[tuple[str, str, str, str], Series] = {}
         self._refusals: dict[int, Counter] = {}
 
-    def series(self, deployment: str, version: str, pool: str) -> Series:
-        """The children of one (deployment, version, pool)."""
-        key = (deployment, version, pool)
+    def series(self, deployment: str, version: str, pool: str, pinned: bool = False) -> Series:
+        """The children of one (deployment, version, pool, pinned)."""
+        key = (deployment, version, pool, "true" if pinned else "false")
         found = self._series.get(key)
         if found is None:
             found = self._series[key] = Series(
@@ -95,7 +101,7 @@ class GatewayMetrics:
         codes = self._refusals if series is None else series.codes
         child = codes.get(code)
         if child is None:
-            labels = ("", "", "") if series is None else series.labels
+            labels = ("", "", "", "") if series is None else series.labels
             child = codes[code] = self.requests.labels(*labels, str(code))
         child.inc()
 

@@ -14,7 +14,9 @@ how the engine learns to stop generating.
 
 Each attempt is counted in its version's traffic window (a failed first attempt too, so a canary
 that refuses connections shows errors even when retries hide them from clients); Prometheus
-counts the answers clients got.
+counts the answers clients got. A pinned request (`x-dctl-pool`) is in no traffic window: its
+sender chose the version, so its outcome says nothing the rollout analysis may judge by; the
+metrics count it with `pinned="true"`.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ class Proxy:
                 if again is not None:
                     if failed.answer is not None:
                         failed.answer[0].release()
-                    self._record(pool, failed.error, self._clock() - started)
+                    self._record(pool, request, failed.error, self._clock() - started)
                     self.metrics.retries.labels(route.deployment, failed.reason).inc()
                     pool, instance = again
                     retries += 1
@@ -346,9 +348,13 @@ class Proxy:
     def _failed(self, instance: Instance) -> None:
         self.balancer.failed(instance)  # an ejection is counted by the balancer's on_eject
 
-    def _record(self, pool: VersionPool, error: ErrorClass, latency_s: float) -> None:
+    def _record(
+        self, pool: VersionPool, request: ForwardRequest, error: ErrorClass, latency_s: float
+    ) -> None:
         """Count a failed attempt that was retried (traffic window only)."""
-        self.windows.record((pool.deployment, pool.version, pool.name), error, latency_s, None, 0)
+        if request.pinned is None:
+            key = (pool.deployment, pool.version, pool.name)
+            self.windows.record(key, error, latency_s, None, 0)
 
     def _finish(
         self,
@@ -361,15 +367,18 @@ class Proxy:
     ) -> None:
         """Count the answer the client got (metrics) and the attempt (traffic window)."""
         latency = self._clock() - request.received_at
-        series = self.metrics.series(pool.deployment, pool.version, pool.name)
+        series = self.metrics.series(
+            pool.deployment, pool.version, pool.name, request.pinned is not None
+        )
         self.metrics.count(series, status)
         series.duration.observe(latency)
         if ttft_s is not None:
             series.ttft.observe(ttft_s)
         if tokens:
             series.output_tokens.inc(tokens)
-        key = (pool.deployment, pool.version, pool.name)
-        self.windows.record(key, error, latency, ttft_s, tokens)
+        if request.pinned is None:  # the sender chose the version: not the analysis's to judge
+            key = (pool.deployment, pool.version, pool.name)
+            self.windows.record(key, error, latency, ttft_s, tokens)
 
 
 async def _watch_disconnect(receive: Receive, progress: _Progress, task: asyncio.Task[Any]) -> None:

@@ -73,13 +73,15 @@ class Route:
 
 @dataclass(frozen=True)
 class ClientGrant:
-    """A client token the gateway accepts: its hash, scope and expiry (epoch seconds)."""
+    """A client token the gateway accepts: its hash, scope, expiry (epoch seconds) and grants."""
 
     key_id: str
     name: str
     secret_sha256: str
     deployments: frozenset[str] | None  # None: every deployment
     expires_at: float | None
+    allow_pool_pin: bool = False  # may send `x-dctl-pool`
+    max_concurrency: int | None = None  # None: the gateway's max_concurrency_per_token
 
     def may_use(self, deployment: str) -> bool:
         """Whether this token's scope includes DEPLOYMENT."""
@@ -169,6 +171,8 @@ def _grant(client: RouteClient) -> ClientGrant:
         secret_sha256=client.secret_sha256.lower(),
         deployments=None if client.deployments is None else frozenset(client.deployments),
         expires_at=None if expires is None else expires.timestamp(),
+        allow_pool_pin=client.allow_pool_pin,
+        max_concurrency=client.max_concurrency,
     )
 
 

@@ -3,7 +3,9 @@
 Only the text and the usage come back over HTTP, so agreement compares whitespace-separated
 words instead of token ids, tokens per forward is not known (`None`), and held-out accuracy is
 not measured. Latency is the client's: request sent to response read, network included.
-Requests pin the stable pool (`x-dctl-pool: stable`) so a canary in progress is not measured.
+Requests pin the stable pool (`x-dctl-pool: stable`) so a canary in progress is not measured;
+through a gateway that takes a client token granted it (`dctl token create NAME --role client
+--allow-pool-pin`), and an engine reached directly ignores the header.
 The API key travels only in the Authorization header; no message here ever contains it.
 """
 
@@ -113,10 +115,17 @@ class HttpRunner:
 
     def _refusal(self, response: httpx.Response, setting: DecodeSetting) -> str:
         try:
-            detail = str(response.json()["error"]["message"])
-        except (ValueError, KeyError, TypeError):
-            detail = response.text[:200]
+            error = response.json()["error"]
+            detail, code = str(error["message"]), error.get("code")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            detail, code = response.text[:200], None
         status = response.status_code
+        if code == "pool_pin_not_allowed":
+            # The detail says which token to create; say why tune pins at all.
+            return (
+                f"{self.base_url} refused to pin the stable pool (HTTP {status}): {detail}, as "
+                "--api-key-file or DCTL_API_KEY (tune measures stable, not a canary in progress)"
+            )
         if status in (401, 403):
             return (
                 f"{self.base_url} refused the API key (HTTP {status}): {detail}; "

@@ -37,6 +37,12 @@ CLIENTS: dict[str, list[str] | None] = {
     "full": None, "scoped": ["solo"], "expired": None,
     "strict-inflight": None, "strict-burst": None, "strict-body": None, "strict-pool": None,
     "strict-timeout": None, "strict-other": None,
+    "pinner": None, "strict-pinner": None, "capped": None, "many": None,
+}  # fmt: skip
+# What some client tokens are granted beyond their scope (`RouteClient` fields).
+GRANTS: dict[str, dict[str, Any]] = {
+    "pinner": {"allow_pool_pin": True}, "strict-pinner": {"allow_pool_pin": True},
+    "capped": {"max_concurrency": 1}, "many": {"max_concurrency": 16},
 }  # fmt: skip
 
 
@@ -130,6 +136,7 @@ def routes_table(engines: dict[str, CannedEngine], tokens: dict[str, str]) -> di
                 "expires_at": datetime(2000, 1, 1, tzinfo=UTC).isoformat()
                 if name == "expired"
                 else None,
+                **GRANTS.get(name, {}),
             }
         )
     return {"etag": "test-1", "deployments": deployments, "clients": clients}

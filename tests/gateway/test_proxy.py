@@ -119,27 +119,35 @@ def test_weight_20_sends_a_fifth_to_the_canary(gateway: LiveGateway) -> None:
 
 def test_the_pool_header_pins_the_pool(gateway: LiveGateway, strict: LiveGateway) -> None:
     for _ in range(10):
-        answer = gateway.post("main-model", headers={"x-dctl-pool": "canary"})
+        answer = gateway.post("main-model", "pinner", headers={"x-dctl-pool": "canary"})
         assert answer.headers["x-dctl-version"] == "main-model:v2"
         assert answer.headers["x-dctl-instance"] == str(ENGINES["c"][0])
-        answer = gateway.post("main-model", headers={"x-dctl-pool": "Stable"})
+        answer = gateway.post("main-model", "pinner", headers={"x-dctl-pool": "Stable"})
         assert answer.headers["x-dctl-version"] == "main-model:v1"
-    bad = gateway.post("main-model", headers={"x-dctl-pool": "blue"})
+    bad = gateway.post("main-model", "pinner", headers={"x-dctl-pool": "blue"})
     assert bad.status_code == 400
     assert bad.json()["error"]["param"] == "x-dctl-pool"
     # A deployment without a canary cannot be pinned to one.
-    none = gateway.post("solo-model", headers={"x-dctl-pool": "canary"})
+    none = gateway.post("solo-model", "pinner", headers={"x-dctl-pool": "canary"})
     assert none.status_code == 503 and "no canary pool" in none.json()["error"]["message"]
+    # A token without the grant may not pin (tests/security/test_gateway_pool_pinning.py).
+    refused = gateway.post("main-model", "full", headers={"x-dctl-pool": "canary"})
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "pool_pin_not_allowed"
 
-    # --no-pool-header: the header is ignored, the weight decides (and a bad value is no error).
+    # --no-pool-header: the header is ignored, even from a token with the grant, the weight
+    # decides, a bad value is no error, and a token without the grant is not refused.
     versions = {
-        strict.post("main-model", "strict-pool", headers={"x-dctl-pool": "canary"}).headers[
+        strict.post("main-model", "strict-pinner", headers={"x-dctl-pool": "canary"}).headers[
             "x-dctl-version"
         ]
         for _ in range(2)  # the strict gateway allows bursts of 3
     }
     assert (
         strict.post("solo-model", "strict-pool", headers={"x-dctl-pool": "blue"}).status_code == 200
+    )
+    assert (
+        strict.post("solo-model", "strict-pool", headers={"x-dctl-pool": "canary"}).status_code
+        == 200
     )
     assert versions <= {"main-model:v1", "main-model:v2"}
 
@@ -191,7 +199,7 @@ def test_5xx_answers_pass_through_and_are_counted(gateway: LiveGateway) -> None:
         assert answer.json()["error"]["message"] == "canned 500"
         assert len(gateway.fleet.engines["e"].seen(answer.headers["x-request-id"])) == 1
     metrics = gateway.metrics()
-    labels = "deployment=errors,pool=stable,version=errors-model:v1"
+    labels = "deployment=errors,pinned=false,pool=stable,version=errors-model:v1"
     assert metrics[f"dctl_gateway_requests_total{{code=500,{labels}}}"] == 2
     window = gateway.gateway.windows.peek(("errors", "errors-model:v1", "stable"))
     assert window is not None and window.errors_5xx == 2
@@ -224,7 +232,10 @@ def test_a_client_that_leaves_mid_stream_closes_the_engine_request(gateway: Live
         assert first.startswith(b"data: ")
     # The client closed the connection: the engine sees its request's connection go.
     _wait_for(lambda: request_id in engine.cut_short)
-    code = "dctl_gateway_requests_total{code=499,deployment=solo,pool=stable,version=solo-model:v1}"
+    code = (
+        "dctl_gateway_requests_total"
+        "{code=499,deployment=solo,pinned=false,pool=stable,version=solo-model:v1}"
+    )
     _wait_for(lambda: gateway.metrics().get(code, 0) >= 1)
 
 
@@ -232,11 +243,11 @@ def test_metrics_show_the_series(gateway: LiveGateway) -> None:
     gateway.post("solo-model")
     gateway.post("solo-model", stream=True, stream_options={"include_usage": True})
     metrics = gateway.metrics()
-    labels = "deployment=solo,pool=stable,version=solo-model:v1"
+    labels = "deployment=solo,pinned=false,pool=stable,version=solo-model:v1"
     assert metrics[f"dctl_gateway_requests_total{{code=200,{labels}}}"] >= 2
     assert metrics[f"dctl_gateway_request_duration_seconds_count{{{labels}}}"] >= 2
     assert metrics[f"dctl_gateway_ttft_seconds_count{{{labels}}}"] >= 2
-    inf = "deployment=solo,le=+Inf,pool=stable,version=solo-model:v1"
+    inf = "deployment=solo,le=+Inf,pinned=false,pool=stable,version=solo-model:v1"
     assert metrics[f"dctl_gateway_request_duration_seconds_bucket{{{inf}}}"] >= 2
     assert metrics[f"dctl_gateway_output_tokens_total{{{labels}}}"] >= 2 * COMPLETION_TOKENS
     assert metrics["dctl_gateway_inflight{}"] == 0
@@ -292,7 +303,7 @@ def test_an_engine_dying_mid_stream_cuts_the_client_stream_short(gateway: LiveGa
             if line:
                 events.append(line)
     assert len(events) == 3 and "[DONE]" not in events[-1]  # no fake end
-    labels = "deployment=errors,pool=stable,version=errors-model:v1"
+    labels = "deployment=errors,pinned=false,pool=stable,version=errors-model:v1"
     _wait_for(
         lambda: gateway.metrics().get(f"dctl_gateway_requests_total{{code=502,{labels}}}") == 1
     )

@@ -48,6 +48,7 @@ class Fleet:
     stack: Stack
     gateway_token_file: Path
     client_token: str
+    pinning_token: str = ""  # a client token created with --allow-pool-pin
     gateways: list[Gateway] = field(default_factory=list)
 
     @property
@@ -120,6 +121,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         with os.fdopen(fd, "w") as handle:
             handle.write(gw_token + "\n")
         fleet.client_token = api.create_token(TokenCreate(name="app", role="client")).secret
+        fleet.pinning_token = api.create_token(
+            TokenCreate(name="smoke", role="client", allow_pool_pin=True)
+        ).secret
         fleet.both_pools_ready()
         fleet.start_gateway("gateway-1")
         yield fleet
