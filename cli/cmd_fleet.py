@@ -13,6 +13,7 @@ import typer
 
 from cli.columns import INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
+from cli.options import label_option
 from cli.output import (
     JSON_OPTION,
     Column,
@@ -27,7 +28,7 @@ from cli.remote import connect, validated
 from protocol.vocabulary import CreatableRole
 
 host_app = typer.Typer(
-    help="Hosts: list, show, drain, undrain, rekey, remove, provision, deprovision.",
+    help="Hosts: list, show, label, drain, undrain, rekey, remove, provision, deprovision.",
     no_args_is_help=True,
 )
 token_app = typer.Typer(help="API tokens with roles.", no_args_is_help=True)
@@ -169,6 +170,9 @@ def host_show(name: str, as_json: bool = JSON_OPTION) -> None:
         as_json=False,
         fields=[
             *HOST_COLUMNS,
+            ("reported labels", _reported_labels),
+            ("ports", lambda h: "{}-{}".format(*h["port_range"])),
+            ("agent token", _agent_token),
             ("registered", "registered_at"),
             ("driver", lambda h: facts.get("driver_version")),
             ("agent", lambda h: facts.get("agent_version")),
@@ -179,6 +183,47 @@ def host_show(name: str, as_json: bool = JSON_OPTION) -> None:
     print_table(host.get("gpus") or [], GPU_COLUMNS, empty="no GPUs reported")
     print()
     print_table(host.get("instances") or [], INSTANCE_COLUMNS, empty="no instances")
+
+
+def _reported_labels(host: Mapping[str, Any]) -> str:
+    """What the agent reports, and whether placement reads it yet."""
+    reported, labels = host.get("reported_labels") or {}, host.get("labels") or {}
+    pending = any(labels.get(k) != v for k, v in reported.items())
+    return cell(reported) + (f" (not adopted: dctl host label {host['name']} --adopt)" * pending)
+
+
+def _agent_token(host: Mapping[str, Any]) -> str:
+    """Whether the gateway may send to the host's address (ports above) at all."""
+    if host.get("agent_token"):
+        return "valid: the gateway sends to the address and ports above"
+    return "none working: the gateway sends nothing to this host"
+
+
+@host_app.command("label")
+def host_label(
+    name: str,
+    labels: list[str] = typer.Argument(None, metavar="[KEY=VALUE]...", help="Labels to set."),
+    remove: list[str] = typer.Option([], "--remove", metavar="KEY", help="Drop this label."),
+    adopt: bool = typer.Option(
+        False, "--adopt", help="First take every label the host's agent reports."
+    ),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Set, remove or adopt host NAME's labels: the only ones placement reads (operator).
+
+    Deployments placed by label follow at once. What the agent reports counts for nothing
+    until adopted: an agent could otherwise label itself into any deployment.
+    """
+    from protocol.rest import HostLabelChange
+
+    wanted = label_option(labels or [], "KEY=VALUE")
+    change = validated(lambda: HostLabelChange(adopt=adopt, labels=wanted, remove=remove))
+    with connect() as api:
+        host = plain(api.label_host(name, change))
+    if as_json:
+        print_json(host)
+    else:
+        print(f"host {name} labels: {cell(host['labels'])}")
 
 
 @host_app.command("drain")
@@ -270,6 +315,13 @@ def token_create(
         help="Client tokens: the deployments it may call through the gateway, e.g. a,b "
         "(default: all).",
     ),
+    labels: str | None = typer.Option(
+        None,
+        "--labels",
+        metavar="KEY=VALUE,...",
+        help="Bootstrap tokens: labels stamped on every host it registers, e.g. tier=prod "
+        "(what an agent reports counts for placement only once adopted).",
+    ),
     allow_pool_pin: bool = typer.Option(
         False,
         "--allow-pool-pin",
@@ -294,6 +346,7 @@ def token_create(
 
     expires_s = parse_duration(expires) if expires else None
     scope = None if deployments is None else [d.strip() for d in deployments.split(",")]
+    stamp = None if labels is None else label_option(labels.split(","), "--labels")
     spec = validated(
         lambda: TokenCreate(
             name=name,
@@ -303,6 +356,7 @@ def token_create(
             deployments=scope,
             allow_pool_pin=allow_pool_pin,
             max_concurrency=max_concurrency,
+            labels=stamp,
         )
     )
     with connect() as api:

@@ -39,6 +39,7 @@ from protocol.rest import (
     DeploymentUpdate,
     EventPage,
     FleetStatus,
+    HostLabelChange,
     HostOut,
     ModelOut,
     SeriesOut,
@@ -170,6 +171,12 @@ def host_samples(
     SERIES is an exact name or a `prefix.*`."""
     params = {"minutes": minutes, "series": series}
     return Call("GET", f"{API}/hosts/{segment(name)}/samples", many(SeriesOut), params)
+
+
+def label_host(name: str, change: HostLabelChange) -> Call[HostOut]:
+    """Change host NAME's labels, the ones placement reads (operator)."""
+    body = change.model_dump(mode="json")
+    return Call("PATCH", f"{API}/hosts/{segment(name)}/labels", one(HostOut), json=body)
 
 
 def drain_host(name: str) -> Call[HostOut]:

@@ -94,6 +94,7 @@ class _BaseClient(ABC):
     status = Endpoint(calls.status)
     list_hosts = Endpoint(calls.list_hosts)
     get_host = Endpoint(calls.get_host)
+    label_host = Endpoint(calls.label_host)
     drain_host = Endpoint(calls.drain_host)
     undrain_host = Endpoint(calls.undrain_host)
     rekey_host = Endpoint(calls.rekey_host)

@@ -18,6 +18,8 @@ from protocol.wire import (
     ExitInfo,
     GpuStatus,
     HostFacts,
+    LabelKey,
+    Labels,
     Manifest,
     MemoryPlan,
     Name,
@@ -78,9 +80,17 @@ class HostOut(ApiModel):
     name: str
     state: str
     draining: bool
-    labels: dict[str, str]
+    labels: dict[str, str] = Field(description="the operator's: the only ones placement reads")
+    reported_labels: dict[str, str] = Field(
+        default_factory=dict, description="what its agent reports: count for nothing until adopted"
+    )
     advertise_address: str | None = Field(
         default=None, description="where other machines reach the host's engines"
+    )
+    agent_token: bool | None = Field(
+        default=None,
+        description="on GET /hosts/{name}: it has a working agent token, which the gateway "
+        "needs before it sends anything to its address",
     )
     registered_at: datetime
     last_seen_at: datetime | None
@@ -91,6 +101,23 @@ class HostOut(ApiModel):
     desired_generation: int
     applied_generation: int
     instances: list[InstanceOut] | None = None
+
+
+class HostLabelChange(ApiModel):
+    """`PATCH /api/v1/hosts/{name}/labels` (operator): change the labels placement reads."""
+
+    adopt: bool = Field(default=False, description="first take every label its agent reports")
+    labels: Labels = Field(default_factory=dict, description="then set these")
+    remove: list[LabelKey] = Field(default_factory=list, max_length=64, description="then drop")
+
+    @model_validator(mode="after")
+    def _a_change(self) -> HostLabelChange:
+        if not (self.adopt or self.labels or self.remove):
+            raise ValueError("name labels to set, keys to remove, or adopt the reported labels")
+        both = sorted(set(self.labels) & set(self.remove))
+        if both:
+            raise ValueError(f"label(s) {', '.join(both)}: both set and removed; choose one")
+        return self
 
 
 class SeriesOut(ApiModel):
@@ -278,6 +305,9 @@ class TokenCreate(ApiModel):
         max_length=256,
         description="client tokens only: the deployments it may call (None: all of them)",
     )
+    labels: Labels | None = Field(
+        default=None, description="bootstrap tokens only: labels stamped on the hosts it registers"
+    )
     allow_pool_pin: bool = Field(
         default=False,
         description="client tokens only: may pin a request to the stable or canary pool with "
@@ -290,6 +320,14 @@ class TokenCreate(ApiModel):
         description="client tokens only: requests in flight at once through one gateway "
         "(None: the gateway's max_concurrency_per_token)",
     )
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_for_bootstrap(cls, value: Labels | None, info: ValidationInfo) -> Labels | None:
+        # Field-level, so the 422 names `labels`; `role` is validated first (declared first).
+        if value is not None and info.data.get("role") != "bootstrap":
+            raise ValueError("labels applies to bootstrap tokens only (role bootstrap)")
+        return value
 
     @field_validator("allow_pool_pin", "max_concurrency")
     @classmethod
@@ -325,6 +363,7 @@ class TokenOut(ApiModel):
     last_used_at: datetime | None
     revoked_at: datetime | None
     deployments: list[str] | None = None
+    labels: dict[str, str] | None = Field(default=None, description="stamped on hosts it registers")
     allow_pool_pin: bool = False
     max_concurrency: int | None = None
 

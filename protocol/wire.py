@@ -19,7 +19,14 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from protocol.vocabulary import VersionLine
 
@@ -165,6 +172,23 @@ class MemoryPlan(WireModel):
 
 # --- registration ------------------------------------------------------------------------------
 
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$"
+
+
+def check_labels(value: dict[str, str]) -> dict[str, str]:
+    """VALUE if every key is a label name and every value fits; ValueError naming the bad one."""
+    for key, val in value.items():
+        if not re.match(LABEL_KEY_PATTERN, key):
+            raise ValueError(f"label key {key!r}: letters, digits, '.', '_', '-', '/'")
+        if len(val) > 128:
+            raise ValueError(f"label {key!r}: value longer than 128 characters")
+    return value
+
+
+# Host labels, one rule wherever they are given: by an agent, a bootstrap token, an operator.
+Labels = Annotated[dict[str, str], Field(max_length=64), AfterValidator(check_labels)]
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, description="a label's key")]
+
 
 class RegisterRequest(WireModel):
     """Sent with a bootstrap token for a new host. A registered host is registered again (a new
@@ -172,22 +196,15 @@ class RegisterRequest(WireModel):
     (`POST /api/v1/hosts/{name}/rekey`); any other bootstrap token gets 409."""
 
     name: Name = Field(description="host name in the fleet, usually the short hostname")
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: Labels = Field(
+        default_factory=dict,
+        description="what the agent reports: shown, but placement reads the operator's labels",
+    )
     port_range: tuple[Port, Port] = DEFAULT_PORT_RANGE
     facts: HostFacts | None = None
     advertise_address: Address | None = Field(
         default=None, description="where engines on this host listen for other machines"
     )
-
-    @field_validator("labels")
-    @classmethod
-    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key, val in value.items():
-            if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62})$", key):
-                raise ValueError(f"label key {key!r}: letters, digits, '.', '_', '-', '/'")
-            if len(val) > 128:
-                raise ValueError(f"label {key!r}: value longer than 128 characters")
-        return value
 
     @field_validator("port_range")
     @classmethod

@@ -7,7 +7,7 @@ flow reads as the steps of the issue and not as HTTP calls.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,8 +38,8 @@ class Fleet(Protocol):
     def host(self, name: str) -> HostOut | None:
         """The host (with its instances), or None when the control plane does not know it."""
 
-    def bootstrap_token(self, name: str) -> BootstrapToken:
-        """A new one-use bootstrap token for a host not yet registered."""
+    def bootstrap_token(self, name: str, labels: Mapping[str, str]) -> BootstrapToken:
+        """A new one-use bootstrap token for a host not yet registered, stamping LABELS on it."""
 
     def rekey(self, name: str) -> BootstrapToken:
         """A one-use token that registers a known host again (its old agent token then stops)."""
@@ -74,8 +74,9 @@ class ApiFleet:
                 return None
             raise
 
-    def bootstrap_token(self, name: str) -> BootstrapToken:
-        """A bootstrap token for one use within the hour, named after the host and the time."""
+    def bootstrap_token(self, name: str, labels: Mapping[str, str]) -> BootstrapToken:
+        """A bootstrap token for one use within the hour, named after the host and the time,
+        that stamps LABELS on the host (the labels placement reads; the agent's are reported)."""
         from protocol.rest import TokenCreate
 
         stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
@@ -84,6 +85,7 @@ class ApiFleet:
             role="bootstrap",
             expires_in_s=BOOTSTRAP_TTL_S,
             uses=1,
+            labels=dict(labels),
         )
         created = self.client.create_token(spec)
         return BootstrapToken(created.secret, created.id)

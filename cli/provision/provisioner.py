@@ -286,6 +286,13 @@ class HostProvisioner:
             )
         self.outcome.agent_version = host.facts.agent_version if host.facts else None
         self.outcome.preflight = preflight_verdict(host.facts.preflight if host.facts else [])
+        if known is not None and spec.labels and dict(host.labels) != dict(spec.labels):
+            # Only a new host's bootstrap token stamps labels; a known host keeps the operator's.
+            wanted = " ".join(f"{k}={v}" for k, v in spec.labels.items())
+            self.outcome.notes.append(
+                f"labels unchanged on the control plane (placement reads those): "
+                f"`dctl host label {name} {wanted}` sets them"
+            )
 
     def _manifest(self, remote: Remote, layout: Layout) -> dict[str, Any] | None:
         found = remote.run(f"{layout.sudo}cat {q(layout.manifest_file)}", check=False)
@@ -391,7 +398,7 @@ class HostProvisioner:
 
     def _mint_token(self) -> str:
         """A one-use bootstrap token for this host, remembered so a failure revokes it."""
-        self.token = self.fleet.bootstrap_token(self.outcome.name or "")
+        self.token = self.fleet.bootstrap_token(self.outcome.name or "", self.spec.labels)
         return self.token.secret
 
     def _revoke_unused(self) -> None:

@@ -1,4 +1,5 @@
-"""`/api/v1/hosts`: list, show, samples, drain / undrain (operator), re-key and remove (admin)."""
+"""`/api/v1/hosts`: list, show, samples, label and drain / undrain (operator), re-key and remove
+(admin)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from sqlmodel import Session, col
 
-from controlplane.api.deps import Admin, ContextDep, Operator, SessionDep, Viewer
+from controlplane.api.deps import Admin, AppContext, ContextDep, Operator, SessionDep, Viewer
 from controlplane.api.views import host_out, instances_out, token_out
 from controlplane.models import Host, Instance
 from controlplane.services import hosts, tokens
-from protocol.rest import HostOut, SeriesOut, TokenCreated
+from protocol.rest import HostLabelChange, HostOut, SeriesOut, TokenCreated
 from protocol.wire import HostState
 
 router = APIRouter(prefix="/api/v1/hosts", tags=["hosts"])
 
 
-def _with_instances(session: Session, host: Host) -> HostOut:
-    return host_out(host, instances_out(session, col(Instance.host_id) == host.id))
+def _with_instances(session: Session, ctx: AppContext, host: Host) -> HostOut:
+    instances = instances_out(session, col(Instance.host_id) == host.id)
+    return host_out(host, instances, hosts.holds_agent_token(session, ctx.clock(), host))
 
 
 @router.get("", response_model=list[HostOut])
@@ -29,9 +31,9 @@ def list_hosts(session: SessionDep, _who: Viewer, state: HostState | None = None
 
 
 @router.get("/{name}", response_model=HostOut)
-def show_host(name: str, session: SessionDep, _who: Viewer) -> HostOut:
+def show_host(name: str, session: SessionDep, ctx: ContextDep, _who: Viewer) -> HostOut:
     """One host with its GPUs, latest samples and instances."""
-    return _with_instances(session, hosts.get_host(session, name))
+    return _with_instances(session, ctx, hosts.get_host(session, name))
 
 
 @router.get("/{name}/samples", response_model=list[SeriesOut])
@@ -55,12 +57,25 @@ def host_samples(
     ]
 
 
+@router.patch("/{name}/labels", response_model=HostOut)
+def label_host(
+    name: str, body: HostLabelChange, session: SessionDep, ctx: ContextDep, who: Operator
+) -> HostOut:
+    """Change the labels placement reads; deployments placed by label follow at once.
+
+    Operator, as drain is: an operator may already place a deployment on any host by name.
+    """
+    host = hosts.change_labels(session, ctx.clock(), who.actor, name, body)
+    session.commit()
+    return _with_instances(session, ctx, host)
+
+
 @router.post("/{name}/drain", response_model=HostOut)
 def drain_host(name: str, session: SessionDep, ctx: ContextDep, who: Operator) -> HostOut:
     """Stop the host's instances and place nothing new there until undrained."""
     host = hosts.set_draining(session, ctx.clock(), who.actor, name, True)
     session.commit()
-    return _with_instances(session, host)
+    return _with_instances(session, ctx, host)
 
 
 @router.post("/{name}/undrain", response_model=HostOut)
@@ -68,7 +83,7 @@ def undrain_host(name: str, session: SessionDep, ctx: ContextDep, who: Operator)
     """Let the host run its instances again."""
     host = hosts.set_draining(session, ctx.clock(), who.actor, name, False)
     session.commit()
-    return _with_instances(session, host)
+    return _with_instances(session, ctx, host)
 
 
 @router.post("/{name}/rekey", response_model=TokenCreated, status_code=201)

@@ -59,7 +59,9 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
     ]
 
 
-def host_out(host: Host, instances: list[InstanceOut] | None = None) -> HostOut:
+def host_out(
+    host: Host, instances: list[InstanceOut] | None = None, agent_token: bool | None = None
+) -> HostOut:
     """A host with its facts and latest GPU samples."""
     return HostOut(
         id=host.id or 0,
@@ -67,7 +69,9 @@ def host_out(host: Host, instances: list[InstanceOut] | None = None) -> HostOut:
         state=host.state,
         draining=host.draining,
         labels=host.labels,
+        reported_labels=host.reported_labels,
         advertise_address=host.advertise_address,
+        agent_token=agent_token,
         registered_at=host.registered_at,
         last_seen_at=host.last_seen_at,
         heartbeat_interval_s=host.heartbeat_interval_s,
@@ -228,4 +232,5 @@ def token_out(row: ApiToken, host: str | None) -> TokenOut:
         deployments=row.deployments,
         allow_pool_pin=row.allow_pool_pin,
         max_concurrency=row.max_concurrency,
+        labels=row.labels,
     )

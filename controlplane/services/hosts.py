@@ -1,15 +1,25 @@
-"""Hosts: look up, drain / undrain, remove, and their downsampled metric history."""
+"""Hosts: look up, label, drain / undrain, remove, and their downsampled metric history.
+
+A host's `labels` are the operator's (`PATCH /hosts/{name}/labels`, or stamped by the bootstrap
+token that registered it) and the only ones placement reads; what its agent reports is kept in
+`reported_labels` and counts for nothing until an operator adopts it. An agent chooses its
+labels, so trusting them would let any bootstrap token draw a deployment (its API key, weights
+and prompts) onto a host of its choosing.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlmodel import Session, col, select
+import sqlalchemy as sa
+from sqlmodel import Session, col, or_, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import Host, MetricSample
+from controlplane.models import ApiToken, Host, MetricSample
 from controlplane.services.errors import NotFound
 from controlplane.services.placement import place_fleet
+from protocol.rest import HostLabelChange
+from protocol.vocabulary import Role
 from protocol.wire import HostState
 
 # One series of `samples`: (name, instance id or None) -> (time, value) points, oldest first.
@@ -29,6 +39,55 @@ def get_host(session: Session, name: str) -> Host:
     host = session.exec(select(Host).where(Host.name == name)).first()
     if host is None:
         raise NotFound(f"host {name!r}")
+    return host
+
+
+def has_agent_token(now: datetime) -> sa.ColumnElement[bool]:
+    """SQL: the host (`Host.id`) holds an agent token that works at NOW (not revoked, not
+    expired). The gateway sends nothing to the address of a host without one: an address is the
+    agent's to give, and a revoked or expired agent keeps none."""
+    return sa.exists().where(
+        col(ApiToken.host_id) == col(Host.id),
+        col(ApiToken.role) == Role.AGENT.value,
+        col(ApiToken.revoked_at).is_(None),
+        or_(col(ApiToken.expires_at).is_(None), col(ApiToken.expires_at) > now),
+    )
+
+
+def holds_agent_token(session: Session, now: datetime, host: Host) -> bool:
+    """True when HOST holds an agent token that works at NOW (see `has_agent_token`)."""
+    found = session.exec(select(Host.id).where(Host.id == host.id, has_agent_token(now))).first()
+    return found is not None
+
+
+def change_labels(
+    session: Session, now: datetime, actor: str, name: str, change: HostLabelChange
+) -> Host:
+    """Adopt the reported labels, set and remove labels (in that order); placement follows."""
+    host = get_host(session, name)
+    before = dict(host.labels)
+    labels = {**before, **host.reported_labels} if change.adopt else dict(before)
+    labels.update(change.labels)
+    for key in change.remove:
+        labels.pop(key, None)
+    if labels == before:
+        return host
+    # A new dict (the JSON column sees a new value, not a mutation), in key order: shown as is.
+    host.labels = labels = dict(sorted(labels.items()))
+    session.add(host)
+    session.flush()
+    place_fleet(session, now, actor)
+    shown = ", ".join(f"{k}={v}" for k, v in labels.items()) or "none"
+    record_event(
+        session,
+        now,
+        actor,
+        "host.labeled",
+        f"host/{name}",
+        f"host {name} labels: {shown}" + (" (reported labels adopted)" if change.adopt else ""),
+        labels=labels,
+        before=before,
+    )
     return host
 
 

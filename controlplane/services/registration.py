@@ -10,7 +10,12 @@ Who may register which name:
   token and receive a new one).
 
 Registering again revokes every token bound to the host (its old agent token, the re-key token
-just used, any other outstanding re-key token) and replaces its labels, ports and facts.
+just used, any other outstanding re-key token) and replaces its ports, address and facts.
+
+Labels: what the agent sends is stored as the host's reported labels, which placement ignores.
+The labels placement reads are the operator's: a new host gets those of the bootstrap token that
+registers it (`dctl token create --role bootstrap --labels ...`), none otherwise, and
+registering again keeps them (`dctl host label` changes them).
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ def register_agent(
     if host is None:
         host = Host(name=request.name, registered_at=now, heartbeat_interval_s=heartbeat_interval_s)
         kind, verb = "host.registered", "registered"
+        stamped = _stamped_labels(session, caller)
+        host.labels = dict(stamped or {})
     else:
         # The old agent token (and any re-key token) stops working; the new agent presents
         # the new one.
@@ -73,7 +80,7 @@ def register_agent(
         if host.advertise_address != request.advertise_address:
             # Engines bind to this address: the desired state changed.
             host.desired_generation += 1
-    host.labels = dict(request.labels)
+    host.reported_labels = dict(request.labels)
     host.port_range_start, host.port_range_end = request.port_range
     host.heartbeat_interval_s = heartbeat_interval_s
     host.advertise_address = request.advertise_address
@@ -104,7 +111,8 @@ def register_agent(
         kind,
         f"host/{request.name}",
         f"host {request.name} {verb} (ports {request.port_range[0]}-{request.port_range[1]})",
-        labels=request.labels,
+        labels=host.labels,
+        reported_labels=request.labels,
     )
     return Registration(
         host_id=host.id,
@@ -112,6 +120,14 @@ def register_agent(
         agent_token=new.secret,
         heartbeat_interval_s=heartbeat_interval_s,
     )
+
+
+def _stamped_labels(session: Session, caller: Principal) -> dict[str, str] | None:
+    """The labels the caller's bootstrap token stamps on the hosts it registers, if any."""
+    if caller.role != Role.BOOTSTRAP:
+        return None
+    token = session.get(ApiToken, caller.token_id)
+    return token.labels if token is not None else None
 
 
 def _check_may_register(session: Session, caller: Principal, name: str, host: Host | None) -> None:

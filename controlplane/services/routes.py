@@ -7,7 +7,9 @@ deployments each may use, whether it may pin a pool, its concurrency cap.
 
 An instance is in a pool only when it can take a request now: observed ready, desired running,
 on a host that is ready and not draining, with an advertise address (an instance whose host
-gave none is left out rather than guessed at), and running the pool's version (the digest it
+gave none is left out rather than guessed at) and a working agent token (the address is the
+agent's word: once its token is revoked or expired, not another request goes there, without
+waiting for its heartbeats to be missed), and running the pool's version (the digest it
 reports is the version's: an instance moved to another version is out until its engine
 restarted on it).
 
@@ -26,6 +28,7 @@ import sqlalchemy as sa
 from sqlmodel import Session, col, or_, select
 
 from controlplane.models import ApiToken, Deployment, Host, Instance, ModelVersion
+from controlplane.services.hosts import has_agent_token
 from controlplane.services.placement import active_rollouts, load_versions
 from protocol.gateway import DeploymentRoute, RouteClient, RouteInstance, RoutePool, RouteTable
 from protocol.vocabulary import Role
@@ -44,7 +47,7 @@ def routing_table(session: Session, now: datetime) -> RouteTable:
         r.to_version_id for r in rollouts.values()
     ]
     labels = {vid: v.label for vid, v in load_versions(session, wanted).items()}
-    pools = _ready_instances(session)
+    pools = _ready_instances(session, now)
     routes = []
     for dep_id, name, stable_id in deployments:
         assert dep_id is not None
@@ -92,7 +95,7 @@ def etag_matches(if_none_match: str | None, etag: str) -> bool:
     return False
 
 
-def _ready_instances(session: Session) -> dict[tuple[int, int], list[RouteInstance]]:
+def _ready_instances(session: Session, now: datetime) -> dict[tuple[int, int], list[RouteInstance]]:
     """Instances that can take a request now, by (deployment id, version id), in id order."""
     engine_tls = col(Host.facts)["engine_tls"].as_boolean()
     rows = session.execute(
@@ -114,6 +117,7 @@ def _ready_instances(session: Session) -> dict[tuple[int, int], list[RouteInstan
             col(Host.state) == HostState.READY.value,
             col(Host.draining).is_(False),
             col(Host.advertise_address).is_not(None),
+            has_agent_token(now),
             or_(
                 col(Instance.observed_digest).is_(None),
                 col(Instance.observed_digest) == col(ModelVersion.digest),

@@ -33,6 +33,7 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
     new.row.deployments = deployments
     new.row.allow_pool_pin = spec.allow_pool_pin
     new.row.max_concurrency = spec.max_concurrency
+    new.row.labels = dict(spec.labels) if spec.labels is not None else None
     session.add(new.row)
     record_event(
         session,
@@ -46,6 +47,7 @@ def create_token(session: Session, now: datetime, actor: str, spec: TokenCreate)
         deployments=deployments,
         allow_pool_pin=spec.allow_pool_pin,
         max_concurrency=spec.max_concurrency,
+        labels=new.row.labels,
     )
     return new
 

@@ -149,10 +149,13 @@ class Api:
         secret: str = response.json()["secret"]
         return secret
 
-    def register(self, name: str, **body: Any) -> dict[str, Any]:
-        """Register an agent for host `name`: with a fresh bootstrap token the first time, then
-        (as its agent would) with the host's current agent token."""
-        token = self.agent_tokens.get(name) or self.token("bootstrap")
+    def register(
+        self, name: str, *, stamp: dict[str, str] | None = None, **body: Any
+    ) -> dict[str, Any]:
+        """Register an agent for host `name`: with a fresh bootstrap token the first time (one
+        that stamps the operator's labels STAMP on it), then (as its agent would) with the
+        host's current agent token. Labels in BODY are the agent's own: reported, not placed by."""
+        token = self.agent_tokens.get(name) or self.token("bootstrap", labels=stamp)
         response = self.call("POST", "/api/v1/agents/register", token, json={"name": name, **body})
         assert response.status_code == 200, response.text
         result: dict[str, Any] = response.json()

@@ -15,12 +15,16 @@ from tests.controlplane.conftest import Api, deploy, gpu, manifest, register_ver
 
 
 def test_register_returns_agent_token_bound_to_host(api: Api) -> None:
-    body = api.register("gpu-1", labels={"zone": "a"}, port_range=[19000, 19009])
+    body = api.register(
+        "gpu-1", stamp={"tier": "prod"}, labels={"zone": "a"}, port_range=[19000, 19009]
+    )
     reply = RegisterResponse(**body)
     assert reply.host_name == "gpu-1" and reply.heartbeat_interval_s == 5.0
     assert reply.agent_token.startswith("dctl_")
     host = api.as_admin("GET", "/api/v1/hosts/gpu-1").json()
-    assert host["labels"] == {"zone": "a"} and host["port_range"] == [19000, 19009]
+    # The bootstrap token's labels are the operator's; the agent's own are only reported.
+    assert host["labels"] == {"tier": "prod"} and host["reported_labels"] == {"zone": "a"}
+    assert host["port_range"] == [19000, 19009] and host["agent_token"] is True
     tokens = api.as_admin("GET", "/api/v1/tokens").json()
     agent = [t for t in tokens if t["role"] == "agent"]
     assert [(t["name"], t["host"]) for t in agent] == [("agent-gpu-1", "gpu-1")]

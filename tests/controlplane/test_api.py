@@ -102,7 +102,7 @@ def test_version_files_are_served_with_range_and_confined(api: Api, tmp_path: Pa
 def test_deployment_derives_instances_with_distinct_ports(api: Api) -> None:
     register_version(api)
     api.register("gpu-1", port_range=[18000, 18002])
-    api.register("gpu-2", labels={"pool": "a"})
+    api.register("gpu-2", stamp={"pool": "a"})
     created = deploy(api, "web", ["gpu-1"], per_host=2, engine_config={"service": {"max_queue": 8}})
     assert created.status_code == 201, created.text
     ports = sorted((i["host"], i["port"]) for i in created.json()["instances"])

@@ -147,12 +147,12 @@ def test_bad_canaries_are_refused_with_what_to_do(api: Api) -> None:
 def test_a_host_joining_the_fleet_keeps_the_canary_count(api: Api) -> None:
     register_version(api)
     register_version(api, version="v2", manifest=manifest("config.json", seed=2))
-    gpu_host(api, "gpu-1", labels={"pool": "a"})
+    gpu_host(api, "gpu-1", stamp={"pool": "a"})
     body = {"name": "web", "model": "demo", "version": "v1", "placement": {"labels": {"pool": "a"}},
             "instances_per_host": 2}  # fmt: skip
     assert api.as_admin("POST", f"{V}/deployments", json=body).status_code == 201
     assert put(api, version="v2", weight=10, instances=1).status_code == 200
-    gpu_host(api, "gpu-2", labels={"pool": "a"})  # placed by the fleet planner
+    gpu_host(api, "gpu-2", stamp={"pool": "a"})  # placed by the fleet planner
     assert versions(api) == {"v1": 3, "v2": 1}
 
 

@@ -224,12 +224,12 @@ def test_listing_models_costs_the_same_for_one_or_five(api: Api) -> None:
 
 def test_a_host_change_places_what_fits_and_says_what_does_not(api: Api) -> None:
     register_version(api)
-    gpu_host(api, labels={"pool": "a"})
+    gpu_host(api, stamp={"pool": "a"})
     body = {"name": "web", "model": "demo", "version": "v1", "placement": {"labels": {"pool": "a"}},
             "instances_per_host": 2}  # fmt: skip
     assert api.as_admin("POST", "/api/v1/deployments", json=body).status_code == 201
     # A second host of the pool with room for one instance only: it registers all the same.
-    api.register("gpu-2", labels={"pool": "a"}, port_range=[18000, 18000])
+    api.register("gpu-2", stamp={"pool": "a"}, port_range=[18000, 18000])
     shown = api.as_admin("GET", "/api/v1/deployments/web").json()
     assert sorted(i["host"] for i in shown["instances"]) == ["gpu-1", "gpu-1"]
     events = api.as_admin("GET", "/api/v1/events", params={"kind": "deployment.unplaced"}).json()

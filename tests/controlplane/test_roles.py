@@ -23,6 +23,8 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("GET", f"{V}/hosts"): READ,
     ("GET", f"{V}/hosts/{{name}}"): READ,
     ("GET", f"{V}/hosts/{{name}}/samples"): READ,
+    # Labels steer placement, as a deployment naming hosts does: operators.
+    ("PATCH", f"{V}/hosts/{{name}}/labels"): OPERATE,
     ("POST", f"{V}/hosts/{{name}}/drain"): OPERATE,
     ("POST", f"{V}/hosts/{{name}}/undrain"): OPERATE,
     ("POST", f"{V}/hosts/{{name}}/rekey"): ADMIN,
@@ -82,6 +84,7 @@ BODIES: dict[tuple[str, str], Any] = {
         "placement": {"hosts": ["gpu-1"]},
     },
     ("PATCH", f"{V}/deployments/{{name}}"): {"instances_per_host": 1},
+    ("PATCH", f"{V}/hosts/{{name}}/labels"): {"labels": {"rack": "r1"}},
     ("POST", f"{V}/tokens"): {"name": "made", "role": "viewer"},
     ("POST", f"{V}/agents/register"): {"name": "gpu-9"},  # the agent's own: gpu-1 (below)
     ("POST", f"{V}/agents/heartbeat"): {},
