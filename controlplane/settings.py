@@ -5,16 +5,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from protocol import paths
+from protocol.monitoring import host_port, is_wildcard
 from protocol.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,
     SettingsError,
+    http_url,
 )
 
 __all__ = ["ControlPlaneSettings", "SettingsError", "load_controlplane_settings"]
@@ -42,6 +45,10 @@ class ControlPlaneSettings(FileBackedSettings):
     # Serve HTTPS with this certificate (PEM, chain included) and key; both or neither.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # Where other machines reach this control plane (`https://cp.example:8700`): its own scrape
+    # target. Never the Host header of whoever asks, which anyone can set to any address.
+    # Default: the bind (`host`, `port`; loopback for a wildcard bind).
+    public_url: str | None = Field(default=None, max_length=512)
     # Directories local model sources must lie in (empty: anywhere). The file route serves only
     # files whose content matches the manifest either way; the roots also bound *where* from.
     model_roots: Annotated[tuple[Path, ...], NoDecode] = ()
@@ -62,6 +69,29 @@ class ControlPlaneSettings(FileBackedSettings):
                 raise ValueError(f"{str(root)!r} is not an absolute directory")
         # Canonical, so `dctl model register` (which sends resolved paths) matches them.
         return tuple(root.resolve() for root in value)
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, value: str | None) -> str | None:
+        value = http_url(value)
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number or out of range
+        except ValueError as exc:
+            raise ValueError(f"{value!r}: {exc}") from None
+        if parts.path or parts.query or parts.fragment or parts.username:
+            raise ValueError(f"{value!r}: write only http(s)://HOST[:PORT], e.g. https://cp:8700")
+        return value
+
+    def resolved_public_url(self) -> str:
+        """`public_url`, or the bind as other machines on it reach it (`http(s)://HOST:PORT`)."""
+        if self.public_url is not None:
+            return self.public_url
+        scheme = "https" if self.tls_cert is not None else "http"
+        address = "127.0.0.1" if is_wildcard(self.host) else self.host
+        return f"{scheme}://{host_port(address, self.port)}"
 
     def resolved_database_url(self) -> str:
         """The database URL; by default a SQLite file under the data directory."""

@@ -48,6 +48,15 @@ def host_port(address: str, port: int) -> str:
     return f"{address}:{port}"
 
 
+def same_address(a: str, b: str) -> bool:
+    """True when A and B name the same host: IP literals compared as addresses (`::1` is
+    `0:0::1`, brackets or not), DNS names without regard to case."""
+    try:
+        return ipaddress.ip_address(a.strip("[]")) == ipaddress.ip_address(b.strip("[]"))
+    except ValueError:
+        return a.strip("[]").lower() == b.strip("[]").lower()
+
+
 def metrics_url(scheme: Scheme, bound: str, port: int, advertise: str | None) -> str:
     """The URL of a metrics server bound to BOUND:PORT, as other machines reach it: a wildcard
     bind is reached at ADVERTISE (the address the part advertises), anything else as bound."""

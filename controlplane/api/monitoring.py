@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
 from controlplane.api.deps import ContextDep, Gateway, SessionDep, Viewer
 from controlplane.services import gateways, targets
@@ -13,7 +13,6 @@ from protocol.monitoring import (
     GatewayHeartbeat,
     GatewayOut,
     ScrapeTargetGroup,
-    host_port,
 )
 
 router = APIRouter(tags=["monitoring"])
@@ -37,16 +36,8 @@ def list_gateways(session: SessionDep, ctx: ContextDep, _who: Viewer) -> list[Ga
 
 
 @router.get(TARGETS_PATH, response_model=list[ScrapeTargetGroup])
-def scrape_targets(
-    request: Request, session: SessionDep, ctx: ContextDep, _who: Viewer
-) -> list[ScrapeTargetGroup]:
-    """Prometheus `file_sd` groups of every live target: this control plane (at the address the
-    caller reached it), agents, ready engine instances and gateways, with their labels."""
-    url = request.url
-    port = url.port or (443 if url.scheme == "https" else 80)
-    control_plane = targets.target_group(
-        "controlplane",
-        "https" if url.scheme == "https" else "http",
-        host_port(url.hostname or "127.0.0.1", port),
-    )
+def scrape_targets(session: SessionDep, ctx: ContextDep, _who: Viewer) -> list[ScrapeTargetGroup]:
+    """Prometheus `file_sd` groups of every live target: this control plane (at its
+    `public_url`), agents, ready engine instances and gateways, with their labels."""
+    control_plane = targets.control_plane_group(ctx.settings.resolved_public_url())
     return targets.scrape_targets(session, ctx.clock(), control_plane)

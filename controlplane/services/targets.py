@@ -1,7 +1,11 @@
 """Prometheus scrape targets of the fleet (`GET /api/v1/metrics/targets`), live ones only.
 
-- the control plane: where the caller reached it (the route passes that in);
-- each agent's own /metrics, at the URL it reports in its facts, while its host heartbeats;
+- the control plane: at its configured `public_url` (never the caller's Host header, which
+  would let anyone who reads the targets point Prometheus anywhere);
+- each agent's own /metrics, at the URL it reports in its facts, while its host heartbeats, and
+  only where that URL is the agent's: on the host's advertise address, at the agent's metrics
+  path, on a port that is not one of its engines'. An agent chooses what it reports, and a
+  target is a request Prometheus sends from inside the network (to 169.254.169.254, say);
 - each engine instance that is ready (desired running) on such a host, at the host's advertise
   address and the instance's port, https when the host's engines serve TLS, labelled with the
   version it reports running (a draining host's engines stay targets while they run);
@@ -19,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
@@ -33,6 +38,7 @@ from protocol.monitoring import (
     ScrapeTargetGroup,
     TargetRole,
     host_port,
+    same_address,
     split_metrics_url,
 )
 from protocol.wire import DesiredInstanceState, HostState, InstanceState, check_metrics_url
@@ -51,6 +57,15 @@ def target_group(
             "__metrics_path__": path,
         },
     )
+
+
+def control_plane_group(public_url: str) -> ScrapeTargetGroup:
+    """The control plane's own target, at PUBLIC_URL (`http(s)://HOST[:PORT]`, checked by the
+    settings)."""
+    parts = urlsplit(public_url)
+    scheme: Scheme = "https" if parts.scheme == "https" else "http"
+    port = parts.port or (443 if scheme == "https" else 80)
+    return target_group("controlplane", scheme, host_port(parts.hostname or "127.0.0.1", port))
 
 
 def scrape_targets(
@@ -75,6 +90,8 @@ def _live_hosts(session: Session, now: datetime) -> dict[int, Any]:
             col(Host.advertise_address),
             col(Host.last_seen_at),
             col(Host.heartbeat_interval_s),
+            col(Host.port_range_start),
+            col(Host.port_range_end),
         ).order_by(col(Host.name))
     ).all()
     return {
@@ -93,11 +110,26 @@ def _agents(hosts: Mapping[int, Any]) -> list[ScrapeTargetGroup]:
         if not isinstance(url, str):
             continue  # an older agent: it does not say where its metrics are
         try:
-            scheme, address, path = split_metrics_url(check_metrics_url(url))
+            parts = urlsplit(check_metrics_url(url))
         except ValueError:
             continue
+        if not _the_agents_own(host, parts):
+            continue
+        scheme, address, path = split_metrics_url(url)
         groups.append(target_group("agent", scheme, address, path, host=host.name))
     return groups
+
+
+def _the_agents_own(host: Any, url: SplitResult) -> bool:
+    """True when URL (checked by `check_metrics_url`) can only be the host's agent's /metrics:
+    the host's advertise address, the agent's path, not an engine port of the host."""
+    engine_ports = range(host.port_range_start, host.port_range_end + 1)
+    return (
+        host.advertise_address is not None
+        and same_address(url.hostname or "", host.advertise_address)
+        and url.path == METRICS_PATH
+        and url.port not in engine_ports
+    )
 
 
 def _engines(session: Session, hosts: Mapping[int, Any]) -> list[ScrapeTargetGroup]:

@@ -36,6 +36,7 @@ from tests.controlplane.conftest import gpu, manifest
 from tests.uvicorn_thread import serve_in_thread
 
 V = "/api/v1"
+PUBLIC_URL = "http://cp.example.net:8700"
 ADDRESS = "10.0.0.5"
 AGENT_METRICS = f"http://{ADDRESS}:9401/metrics"
 
@@ -103,8 +104,8 @@ def plane(template: Path, tmp_path: Path) -> Iterator[Plane]:
     engine = make_engine(url)
     admin = ensure_admin_token(engine, clock())
     assert admin is not None
-    app = create_app(ControlPlaneSettings(database_url=url), clock=clock, engine=engine,
-                     run_controllers=False)  # fmt: skip
+    settings = ControlPlaneSettings(database_url=url, public_url=PUBLIC_URL)
+    app = create_app(settings, clock=clock, engine=engine, run_controllers=False)
     with serve_in_thread(app, log_level="warning") as base, httpx.Client(timeout=10) as http:
         yield Plane(base, clock, admin, http)
     engine.dispose()
@@ -181,9 +182,9 @@ def test_live_targets_with_their_labels_and_silent_ones_left_out(plane: Plane) -
     assert beat()
 
     groups = plane.targets()
-    port = plane.url.rsplit(":", 1)[1]
+    # The control plane at its public_url, not at the address this caller happened to use.
     assert by_role(groups, "controlplane") == [
-        {"targets": [f"127.0.0.1:{port}"],
+        {"targets": ["cp.example.net:8700"],
          "labels": {"role": "controlplane", "__scheme__": "http", "__metrics_path__": "/metrics"}}
     ]  # fmt: skip
     assert by_role(groups, "agent") == [
