@@ -40,7 +40,26 @@ def gateway(
     host: str | None = typer.Option(None, "--host", help="Address to listen on [127.0.0.1]."),
     port: int | None = typer.Option(None, "--port", help="Port to listen on [8800]."),
     no_pool_header: bool = typer.Option(
-        False, "--no-pool-header", help="Ignore the x-dctl-pool header clients may send."
+        False,
+        "--no-pool-header",
+        help="Ignore the x-dctl-pool header, even from client tokens granted --allow-pool-pin.",
+    ),
+    head_timeout_s: float | None = typer.Option(
+        None, "--head-timeout-s", help="Seconds for a request's line and headers, else 408 [10]."
+    ),
+    body_timeout_s: float | None = typer.Option(
+        None, "--body-timeout-s", help="Seconds from the headers to the body's end, else 408 [30]."
+    ),
+    idle_timeout_s: float | None = typer.Option(
+        None, "--idle-timeout-s", help="Seconds a connection may wait for a request [5]."
+    ),
+    max_concurrency_per_token: int | None = typer.Option(
+        None,
+        "--max-concurrency-per-token",
+        help="Requests in flight per client token unless it has its own cap, else 429 [64].",
+    ),
+    max_connections: int | None = typer.Option(
+        None, "--max-connections", help="Open client connections, past which 503 [4096]."
     ),
     tls_cert: Path | None = typer.Option(
         None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain included)."
@@ -63,6 +82,11 @@ def gateway(
             host=host,
             port=port,
             pool_header=False if no_pool_header else None,
+            head_timeout_s=head_timeout_s,
+            body_timeout_s=body_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            max_concurrency_per_token=max_concurrency_per_token,
+            max_connections=max_connections,
             tls_cert=tls_cert,
             tls_key=tls_key,
         )

@@ -6,9 +6,10 @@ hashed and compared in constant time. A revoked token leaves the table, so it st
 within one routing poll.
 
 Every refusal is a `GatewayError`: 401 for a missing, malformed, unknown or expired token, 429
-with `Retry-After` when a token spends its rate (a token bucket per key id), and 403 when a
-token without the grant pins a pool (`check_pool_pin`): pinned requests choose which version
-serves them, so a client free to pin could feed the rollout analysis what it likes.
+with `Retry-After` when a token spends its rate (a token bucket per key id) or has as many
+requests in flight as it may (`TokenSlots`: one token cannot take every slot of a gateway), and
+403 when a token without the grant pins a pool (`check_pool_pin`): pinned requests choose which
+version serves them, so a client free to pin could feed the rollout analysis what it likes.
 """
 
 from __future__ import annotations
@@ -63,6 +64,42 @@ def check_pool_pin(grant: ClientGrant) -> None:
             param="x-dctl-pool",
             code="pool_pin_not_allowed",
         )
+
+
+class TokenSlots:
+    """Requests in flight per client key id, each token capped at its own `max_concurrency` or
+    else at DEFAULT_CAP."""
+
+    def __init__(self, default_cap: int) -> None:
+        self.default_cap = default_cap
+        self._inflight: dict[str, int] = {}  # key id -> requests in flight (absent: none)
+
+    def take(self, grant: ClientGrant) -> None:
+        """Take one slot for GRANT's token, or raise a 429 naming its cap and how to change it."""
+        cap = grant.max_concurrency or self.default_cap
+        held = self._inflight.get(grant.key_id, 0)
+        if held >= cap:
+            raise GatewayError(
+                429,
+                f"API key {grant.key_id} ({grant.name}) already has {held} requests in flight at "
+                f"this gateway, its limit of {cap} (the token's --max-concurrency, else the "
+                "gateway's max_concurrency_per_token); wait for one to finish, or ask an admin "
+                "for a token with a higher cap: `dctl token create NAME --role client "
+                "--max-concurrency N`",
+                code="concurrency_limit_exceeded",
+                headers={"retry-after": "1"},
+            )
+        self._inflight[grant.key_id] = held + 1
+
+    def give_back(self, key_id: str) -> None:
+        """Free one slot of KEY_ID's token."""
+        held = self._inflight.pop(key_id, 0) - 1
+        if held > 0:
+            self._inflight[key_id] = held
+
+    def held(self, key_id: str) -> int:
+        """Requests in flight for KEY_ID's token."""
+        return self._inflight.get(key_id, 0)
 
 
 class RateLimiter:

@@ -7,8 +7,9 @@
     GET  /health/live                                 200 while the process serves
     GET  /health/ready                                200 once a routing table is loaded
 
-A completion request is checked in order of cost: in-flight limit (503), token (401), rate
-(429), `x-dctl-pool` (403 without the token's grant, 400 for a bad value), body size (413), JSON
+A completion request is checked in order of cost: in-flight limit (503), token (401), the
+token's requests in flight (429), rate (429), `x-dctl-pool` (403 without the token's grant,
+400 for a bad value), body size (413) and time (408: `body_timeout_s` after the headers), JSON
 with a `model` (400), the model known (404, listing the models the token may use), the token's
 scope (403); then forwarded. The body is parsed only to find `model`: the engine validates the
 rest. Every refusal is in OpenAI's error shape and carries the request id (`x-request-id`: the
@@ -21,6 +22,7 @@ rollout analysis reads the windows, and the sender of a pinned request chose its
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -30,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.gateway.access import RateLimiter, authenticate, check_pool_pin
+from controlplane.gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
 from controlplane.gateway.asgi import (
     ClientGone,
     Receive,
@@ -64,6 +66,7 @@ class Limits:
     max_body_bytes: int
     max_inflight: int
     pool_header: bool
+    body_timeout_s: float  # from the request's headers to the end of its body
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class GatewayApp:
         routes: Routes,
         proxy: Proxy,
         limiter: RateLimiter,
+        slots: TokenSlots,
         metrics: GatewayMetrics,
         limits: Limits,
         lifespan: Lifespan | None = None,
@@ -93,6 +97,7 @@ class GatewayApp:
         self.routes = routes
         self.proxy = proxy
         self.limiter = limiter
+        self.slots = slots
         self.metrics = metrics
         self.limits = limits
         self.lifespan = lifespan
@@ -166,15 +171,16 @@ class GatewayApp:
         self.inflight += 1
         self.metrics.inflight.inc()
         grant: ClientGrant | None = None
+        slot: str | None = None  # the key id whose slot this request holds
         try:
             try:
                 table = self._table()
                 grant = authenticate(headers.get(b"authorization"), table, self._now())
+                self.slots.take(grant)
+                slot = grant.key_id
                 self.limiter.admit(grant.key_id)
                 pinned = self._pinned(headers.get(b"x-dctl-pool"), grant)
-                body = await read_body(
-                    receive, headers.get(b"content-length"), self.limits.max_body_bytes
-                )
+                body = await self._body(receive, headers.get(b"content-length"))
                 model = _model_of(body)
                 route = table.by_model.get(model)
                 if route is None:
@@ -206,8 +212,26 @@ class GatewayApp:
             result = await self.proxy.forward(route, request, receive, send)
             self._log(scope, request_id, result, received_at, grant, pinned)
         finally:
+            if slot is not None:
+                self.slots.give_back(slot)
             self.inflight -= 1
             self.metrics.inflight.dec()
+
+    async def _body(self, receive: Receive, declared: bytes | None) -> bytes:
+        """The whole body, or a 408 when it has not arrived within `body_timeout_s`: a client
+        that declares a body and never sends it would otherwise hold its slots forever."""
+        timeout_s = self.limits.body_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await read_body(receive, declared, self.limits.max_body_bytes)
+        except TimeoutError:
+            raise GatewayError(
+                408,
+                f"the request body did not arrive within {timeout_s:g} s of its headers "
+                "(body_timeout_s); send the whole body right after the headers",
+                code="request_timeout",
+                headers={"connection": "close"},  # what is left of the body must not be parsed
+            ) from None
 
     async def _models(self, scope: Scope, send: Send) -> None:
         headers = header_map(scope)

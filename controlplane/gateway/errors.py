@@ -14,6 +14,7 @@ class GatewayError(ApiError):
         **ApiError.TYPES,
         403: "permission_error",
         405: "invalid_request_error",
+        408: "timeout_error",
         502: "server_error",
     }
 

@@ -3,9 +3,10 @@
 `build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
 traffic windows, and, with a control plane, the route watcher, the traffic reporter and the
 heartbeat that lists the gateway as a scrape target);
-`run` serves it with uvicorn (uvloop, httptools, no access log: the app logs one line per
-request itself) until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
-within `shutdown_grace_s`, and posts a last traffic report.
+`run` serves it with uvicorn (uvloop, httptools with the connection deadlines of `deadlines.py`,
+at most `max_connections` connections, no access log: the app logs one line per request itself)
+until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish within
+`shutdown_grace_s`, and posts a last traffic report.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 
 from client.errors import ClientError
 from client.http import AsyncControlPlaneClient
-from controlplane.gateway.access import RateLimiter
+from controlplane.gateway.access import RateLimiter, TokenSlots
 from controlplane.gateway.app import GatewayApp, Lifespan, Limits
 from controlplane.gateway.balancer import Balancer
 from controlplane.gateway.metrics import GatewayMetrics
@@ -147,8 +148,14 @@ def build_gateway(
     routes = Routes(on_install=installed)
     windows = TrafficWindows(lambda: datetime.now(UTC))
     proxy = Proxy(balancer, upstream, metrics, windows)
-    limits = Limits(settings.max_body_bytes, settings.max_inflight, settings.pool_header)
-    app = GatewayApp(routes=routes, proxy=proxy, limiter=limiter, metrics=metrics, limits=limits)
+    limits = Limits(
+        settings.max_body_bytes, settings.max_inflight, settings.pool_header,
+        settings.body_timeout_s,
+    )  # fmt: skip
+    slots = TokenSlots(settings.max_concurrency_per_token)
+    app = GatewayApp(
+        routes=routes, proxy=proxy, limiter=limiter, slots=slots, metrics=metrics, limits=limits
+    )
     gateway = Gateway(settings, routes, balancer, upstream, metrics, windows, app)
     app.lifespan = Lifespan(gateway.start, gateway.stop)
 
@@ -245,23 +252,32 @@ def run(settings: GatewaySettings) -> int:
                            "routes": str(settings.routes_file or settings.control_plane)},
                 )  # fmt: skip
 
-    config = uvicorn.Config(
-        gateway.app,
-        loop="uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
-        http="httptools",
-        lifespan="on",
-        log_config=None,  # dctl's structured logging (and its redaction)
-        access_log=False,
-        proxy_headers=False,  # nothing reads the client's address; saves a layer per request
-        server_header=False,
-        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
-        ssl_certfile=str(settings.tls_cert) if settings.tls_cert else None,
-        ssl_keyfile=str(settings.tls_key) if settings.tls_key else None,
-    )
-    server = GatewayServer(config)
+    server = GatewayServer(uvicorn.Config(gateway.app, **server_options(settings)))
     server.run(sockets=[listener])
     listener.close()
     return EXIT_OK if server.started else EXIT_FAILED
+
+
+def server_options(settings: GatewaySettings) -> dict[str, Any]:
+    """uvicorn's `Config` options for SETTINGS, the app aside: what `run` serves with."""
+    from controlplane.gateway.deadlines import Deadlines, protocol_for
+
+    deadlines = Deadlines(settings.idle_timeout_s, settings.head_timeout_s, settings.body_timeout_s)
+    return {
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": protocol_for(deadlines),
+        "lifespan": "on",
+        "log_config": None,  # dctl's structured logging (and its redaction)
+        "access_log": False,
+        "proxy_headers": False,  # nothing reads the client's address; saves a layer per request
+        "server_header": False,
+        # Connections (and requests) past which uvicorn answers 503 without calling the app:
+        # what each open connection costs is bounded, however many a client opens.
+        "limit_concurrency": settings.max_connections,
+        "timeout_graceful_shutdown": math.ceil(settings.shutdown_grace_s),
+        "ssl_certfile": str(settings.tls_cert) if settings.tls_cert else None,
+        "ssl_keyfile": str(settings.tls_key) if settings.tls_key else None,
+    }
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -61,14 +61,26 @@ class GatewaySettings(FileBackedSettings):
     # How engines are reached: their certificates are verified with this CA file (default:
     # the system trust store) when the routing table says https.
     engine_ca_file: Path | None = None
-    # Whether `x-dctl-pool: stable|canary` may pin the pool (`--no-pool-header` turns it off).
+    # Whether `x-dctl-pool: stable|canary` may pin the pool, for client tokens granted it
+    # (`--no-pool-header` ignores the header for every token).
     pool_header: bool = True
     # Limits.
     max_body_bytes: int = Field(default=8 * 2**20, ge=1)
     max_inflight: int = Field(default=1024, ge=1)
+    max_concurrency_per_token: int = Field(
+        default=64, ge=1, description="in flight per client token, unless the token sets its own"
+    )
+    max_connections: int = Field(
+        default=4096, ge=1, description="open client connections (uvicorn's limit_concurrency)"
+    )
     rate_limit_rps: float = Field(default=50.0, ge=0, description="per client token; 0: none")
     rate_limit_burst: int = Field(default=100, ge=1)
-    # Timing.
+    # Timing. A client connection gets head_timeout_s from a request's first byte to the end of
+    # its headers and body_timeout_s from there to the end of its body (else 408 and closed), and
+    # is closed after idle_timeout_s without a request.
+    head_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    idle_timeout_s: float = Field(default=5.0, gt=0, description="keep-alive; also before a first")
     routes_poll_s: float = Field(default=1.0, gt=0, le=60)
     report_interval_s: float = Field(default=5.0, gt=0, le=3600)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)

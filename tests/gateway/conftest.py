@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.gateway import Gateway, GatewaySettings, build_gateway
+from controlplane.gateway.serve import server_options
 from tests.gateway.canned_engine import CannedEngine, LoopThread, refused_port
 from tests.uvicorn_thread import serve_in_thread
 
@@ -163,10 +164,10 @@ def served(settings: GatewaySettings, fleet: Fleet, **wiring: Any) -> Iterator[L
     """A gateway for SETTINGS (WIRING: `build_gateway`'s keywords), served by uvicorn in a
     thread until the block ends; then it stops as on SIGTERM (lifespan shutdown included)."""
     gateway = build_gateway(settings, **wiring)
-    with serve_in_thread(
-        gateway.app, loop="uvloop", http="httptools", lifespan="on", log_config=None,
-        access_log=False, server_header=False,
-    ) as url, httpx.Client(base_url=url, timeout=30) as http:  # fmt: skip
+    with (
+        serve_in_thread(gateway.app, **server_options(settings)) as url,
+        httpx.Client(base_url=url, timeout=30) as http,
+    ):
         yield LiveGateway(url, gateway, fleet, http)
 
 
