@@ -173,18 +173,19 @@ class Terminal:
         self.output += chunk
         return bool(chunk)
 
-    def wait_for(self, text: bytes, timeout_s: float = 30.0) -> None:
-        """Read until TEXT has been written (after what was read so far) or fail."""
-        start = len(self.output)
+    def send(self, keys: str) -> int:
+        """Type KEYS; where the output stood (for `wait_for`)."""
+        mark = len(self.output)
+        os.write(self.master, keys.encode())
+        return mark
+
+    def wait_for(self, text: bytes, since: int = 0, timeout_s: float = 30.0) -> None:
+        """Read until TEXT has been written after offset SINCE of the output, or fail."""
         deadline = time.monotonic() + timeout_s
-        while text not in self.output[max(0, start - len(text)) :]:
+        while text not in self.output[since:]:
             assert time.monotonic() < deadline, f"{text!r} never shown: {self.output[-2000:]!r}"
             if not self._read(0.1):
                 raise AssertionError(f"exited before showing {text!r}: {self.output[-2000:]!r}")
-
-    def send(self, keys: str) -> None:
-        """Type KEYS."""
-        os.write(self.master, keys.encode())
 
     def finish(self, timeout_s: float = 30.0) -> bytes:
         """Read until the program exits; everything it wrote."""

@@ -18,6 +18,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from client import AsyncControlPlaneClient, ClientError
+from protocol.plain_text import printable
 from tui.messages import DataArrived, RefreshFailed
 from tui.widgets.banner import StaleBanner
 from tui.widgets.filter_bar import FilterBar
@@ -81,7 +82,7 @@ class ViewScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         """Title, banner, the view's body, filter, status line and keys."""
-        yield Static(self.title_text(), id="title", markup=False)
+        yield Static(printable(self.title_text()), id="title", markup=False)
         yield StaleBanner(id="banner", markup=False)
         yield from self.body()
         if self.HAS_FILTER:
@@ -142,7 +143,9 @@ class ViewScreen(Screen[None]):
             self.show(message.data)
         except Exception as exc:  # a view that cannot draw says so; it never shows a traceback
             self.log.error(f"{self.TITLE}: cannot show the data", exc)
-            self.notify(f"{self.TITLE}: cannot show the data: {exc}", severity="error")
+            self.notify(
+                f"{self.TITLE}: cannot show the data: {exc}", severity="error", markup=False
+            )
         self.update_banner()
         self._refresh_again()
 
@@ -193,7 +196,7 @@ class ViewScreen(Screen[None]):
         try:
             accepted = await run_action(self.app, self.dctl.client, action, target)
         except Exception as exc:  # an action's failure is shown, never a traceback
-            self.notify(f"{action}: {exc}", severity="error")
+            self.notify(f"{action}: {exc}", severity="error", markup=False)
             return
         if accepted:
             self.refresh_data(soon=True)

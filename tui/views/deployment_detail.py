@@ -20,7 +20,7 @@ from tui.fetch import ACTIVE_ROLLOUT_STATES, DeploymentDetailData
 from tui.traffic import p95_series, request_rates
 from tui.views.base import ViewScreen
 from tui.views.deployments import ready_cell
-from tui.widgets.cells import progress, spark, styled
+from tui.widgets.cells import plain, progress, spark, styled
 from tui.widgets.table import ResourceTable, Row
 
 INSTANCE_COLUMNS = ["id", "host", "port", "version", "state", "restarts", "message"]
@@ -116,7 +116,7 @@ class DeploymentDetailScreen(ViewScreen):
     def show(self, data: DeploymentDetailData) -> None:
         """Fill every panel."""
         deployment = data.deployment
-        self.query_one("#header", Static).update(header_text(deployment))
+        self.query_one("#header", Static).update(plain(header_text(deployment)))
         self.table.show_rows(
             [
                 Row(
@@ -134,13 +134,15 @@ class DeploymentDetailScreen(ViewScreen):
                 for i in deployment.instances
             ]
         )
-        self.query_one("#rollout", Static).update(rollout_text(data.rollout))
+        self.query_one("#rollout", Static).update(plain(rollout_text(data.rollout)))
         analysis = data.rollout.analysis if data.rollout else None
         self.query_one("#analysis-title", Static).update(
-            f"analysis: step {analysis.step} at {analysis.weight}%, {analysis.verdict}, "
-            f"{analysis.canary_requests} canary / {analysis.stable_requests} stable requests"
-            if analysis
-            else "analysis: none yet"
+            plain(
+                f"analysis: step {analysis.step} at {analysis.weight}%, {analysis.verdict}, "
+                f"{analysis.canary_requests} canary / {analysis.stable_requests} stable requests"
+                if analysis
+                else "analysis: none yet"
+            )
         )
         self.query_one("#analysis", ResourceTable).show_rows(
             [
@@ -158,7 +160,7 @@ class DeploymentDetailScreen(ViewScreen):
                 for m in (analysis.metrics if analysis else [])
             ]
         )
-        self.query_one("#traffic", Static).update(self._traffic_text(data))
+        self.query_one("#traffic", Static).update(plain(self._traffic_text(data)))
 
     def _traffic_text(self, data: DeploymentDetailData) -> Text:
         traffic = data.traffic

@@ -18,7 +18,7 @@ from tui import format as fmt
 from tui.fetch import HostDetailData
 from tui.health import Thresholds
 from tui.views.base import ViewScreen
-from tui.widgets.cells import gauge, spark, styled
+from tui.widgets.cells import gauge, plain, spark, styled
 from tui.widgets.table import ResourceTable, Row
 
 GPU_COLUMNS = ["gpu", "name", "util", "memory", "history", "temp", "power", "ecc"]
@@ -130,7 +130,7 @@ class HostDetailScreen(ViewScreen):
     def show(self, data: HostDetailData) -> None:
         """Fill facts and tables."""
         host, limits = data.host, self.dctl.thresholds
-        self.query_one("#facts", Static).update(facts_text(host, self.dctl.now()))
+        self.query_one("#facts", Static).update(plain(facts_text(host, self.dctl.now())))
         self.table.show_rows(
             [gpu_row(g, util_history(data.series, g.index), limits) for g in host.gpus]
         )

@@ -17,6 +17,7 @@ from tui import fetch
 from tui import format as fmt
 from tui.fetch import ModelsData
 from tui.views.base import ViewScreen
+from tui.widgets.cells import plain
 
 _LINE_STYLE = {"base": "cyan", "diffusion": "magenta", "finetune": "green"}
 
@@ -95,7 +96,7 @@ class ModelsScreen(ViewScreen):
         tree.clear()
         for model in data.models:
             node = tree.root.add(
-                Text.assemble((model.name, "bold"), f"  {len(model.versions)} versions"),
+                plain(Text.assemble((model.name, "bold"), f"  {len(model.versions)} versions")),
                 data=model.name,
                 expand=True,
             )
@@ -113,7 +114,7 @@ class ModelsScreen(ViewScreen):
         """Add the versions whose parent is PARENT under NODE, and theirs under them."""
         for version in children.get(parent, []):
             label = version_label(model.name, version, data.deployments, data.hosts)
-            child = node.add(label, data=f"{model.name}:{version.version}", expand=True)
+            child = node.add(plain(label), data=f"{model.name}:{version.version}", expand=True)
             if children.get(version.version):
                 self._add_versions(child, model, children, version.version, data)
             else:

@@ -18,7 +18,7 @@ from tui import fetch, health
 from tui import format as fmt
 from tui.fetch import OverviewData
 from tui.views.base import ViewScreen
-from tui.widgets.cells import progress, styled
+from tui.widgets.cells import plain, progress, styled
 from tui.widgets.table import ResourceTable, Row
 
 EVENTS_SHOWN = 8
@@ -99,8 +99,8 @@ class OverviewScreen(ViewScreen):
 
     def show(self, data: OverviewData) -> None:
         """Fill every panel."""
-        self.query_one("#fleet", Static).update(fleet_text(data.status))
-        self.query_one("#alerts", Static).update(self._alerts(data))
+        self.query_one("#fleet", Static).update(plain(fleet_text(data.status)))
+        self.query_one("#alerts", Static).update(plain(self._alerts(data)))
         self.query_one("#deployments", ResourceTable).show_rows(
             [
                 Row(
@@ -132,7 +132,7 @@ class OverviewScreen(ViewScreen):
             ]
         )
         rollouts = Text("\n").join(rollout_line(r) for r in data.rollouts)
-        self.query_one("#rollouts", Static).update(rollouts or Text("none", style="dim"))
+        self.query_one("#rollouts", Static).update(plain(rollouts or Text("none", style="dim")))
         self.query_one("#events", ResourceTable).show_rows(
             [
                 Row(str(e.id), (fmt.clock_time(e.time), e.kind, e.subject, e.message))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from protocol.plain_text import printable
+
 
 class StaleBanner(Static):
     """One line over the view saying how old its data is and why; hidden while all is well."""
@@ -16,4 +18,5 @@ class StaleBanner(Static):
     def show_text(self, text: str | None) -> None:
         """Show TEXT, or hide the banner for None."""
         self.set_class(text is not None, "-stale")
-        self.update(text or "")
+        # The reason may quote a server's answer.
+        self.update(printable(text or ""))

@@ -1,12 +1,33 @@
 """Table cells and panel lines as coloured Rich text: a value in its health colour, gauges,
-sparklines and progress bars."""
+sparklines and progress bars; `plain` for whatever holds text a server sent."""
 
 from __future__ import annotations
 
 from rich.text import Text
 
+from protocol.plain_text import CONTROL_CHARACTER, printable
 from tui import format as fmt
 from tui.health import STYLE, Level
+
+
+def plain(value: str | Text) -> Text:
+    """VALUE as the TUI shows text a server sent: a str as one line of text (never markup), a
+    Text built here with its line breaks and styles kept; control characters stripped either
+    way (`printable`), so an agent's string cannot drive the terminal."""
+    if isinstance(value, str):
+        return Text(printable(value))
+    if not CONTROL_CHARACTER.search(value.plain.replace("\n", "")):
+        return value
+    # Cut at every style boundary and around every line break, clean each piece: the styles
+    # stay on their characters and the panel keeps its lines.
+    text = value.plain
+    cuts = {o for span in value.spans for o in (span.start, span.end)}
+    cuts |= {o for i, c in enumerate(text) if c == "\n" for o in (i, i + 1)}
+    pieces = value.divide(sorted(cuts))
+    for piece in pieces:
+        if piece.plain != "\n":
+            piece.plain = printable(piece.plain)
+    return value.blank_copy().join(pieces)
 
 
 def styled(value: str, level: Level) -> Text:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import DataTable
 
+from tui.widgets.cells import plain
+
 # How long `enter` on a table still waiting for its first data waits for rows to arrive.
 FIRST_ROWS_WAIT_S = 5.0
 
@@ -69,7 +71,8 @@ class ResourceTable(DataTable[str | Text]):
         self.clear()
         for row in self._rows:
             if not self._needle or row.matches(self._needle):
-                self.add_row(*row.cells, key=row.key)
+                # Cells hold what servers sent: as plain text, never markup or escapes.
+                self.add_row(*map(plain, row.cells), key=row.key)
         if selected is not None and selected in self.keys:
             self.move_cursor(row=self.keys.index(selected), animate=False)
 
