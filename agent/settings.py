@@ -9,6 +9,13 @@ as flags: `DCTL_CONTROL_PLANE` and `DCTL_BOOTSTRAP_TOKEN` (the CLI reads them).
 The bootstrap token is best given as a file (`bootstrap_token_file`, 0600): a value on the
 command line is visible to every user of the host in `ps`.
 
+Weights: a version whose source is a local path is copied from this host's disk only when the
+path lies in one of `model_roots` (and no file of it leads out by symlink); otherwise every file
+comes from the control plane, which serves a file only once it has hashed it and found the
+manifest's size and sha256. The default is no roots: a manifest's author could otherwise name
+any directory the agent can read and learn from the failure report whether a file there has
+the size and digest they guessed.
+
 TLS: `ca_file` is what the control plane's certificate is verified with (default: the system
 trust store); `metrics_tls_cert`/`metrics_tls_key` make the agent's `/metrics` HTTPS, and
 `engine_tls_cert`/`engine_tls_key` go into every engine's config so engines serve HTTPS (the
@@ -34,6 +41,7 @@ from protocol.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,
+    ModelRoots,
     SettingsError,
     absolute_path,
     http_url,
@@ -48,7 +56,7 @@ ENV_PREFIX = "DCTL_AGENT_"
 # Addresses that mean "every interface": an engine may listen there, nobody can connect there.
 _WILDCARDS = {"0.0.0.0", "::", "[::]"}
 # Settings whose flag is not simply --NAME-WITH-DASHES.
-_FLAG_NAMES = {"labels": "--label"}
+_FLAG_NAMES = {"labels": "--label", "model_roots": "--model-root"}
 
 
 class AgentSettings(FileBackedSettings):
@@ -90,6 +98,9 @@ class AgentSettings(FileBackedSettings):
     metrics_tls_key: Path | None = None
     engine_tls_cert: Path | None = None
     engine_tls_key: Path | None = None
+    # Directories local weight sources may be copied from (empty: none, all from the control
+    # plane); env DCTL_AGENT_MODEL_ROOTS=/srv/models:/data/ckpt.
+    model_roots: ModelRoots = ()
 
     @field_validator("control_plane")
     @classmethod

@@ -9,19 +9,26 @@ A fetch streams every file through sha256 while copying it, compares size and di
 manifest, and only then renames the whole directory into `snapshots/` in one step, so an engine
 never sees a half-written or unverified snapshot. A mismatch deletes the partial data and names
 the file; whatever snapshot was serving before stays in place.
+
+A manifest's author chooses its source and its file names, so a local source is read only when it
+lies below one of the store's model roots, each file opened without a symlink leading out of it
+(`protocol/model_roots.py`); anything else comes from the control plane's file URL. Otherwise
+the copy and its mismatch report would tell the author the size and digest of any file the
+agent can read.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import quote
 
@@ -29,10 +36,12 @@ import httpx
 
 from agent.http_bodies import error_text
 from protocol.manifest import hash_file
+from protocol.model_roots import SourceFileError, locate_in_roots, open_source_file
 from protocol.sources import local_source_dir
 from protocol.tls import client_context
 from protocol.wire import Manifest, ManifestEntry, SnapshotProgress
 
+log = logging.getLogger("dctl.agent.snapshots")
 CHUNK = 1 << 20
 DEFAULT_KEEP = 3
 ProgressCallback = Callable[[SnapshotProgress], None]
@@ -127,9 +136,12 @@ class SnapshotStore:
         keep: int = DEFAULT_KEEP,
         http: httpx.Client | None = None,
         tls: ssl.SSLContext | None = None,
+        model_roots: Sequence[Path] = (),
     ) -> None:
         self.root = root
         self.keep = keep
+        # Local sources are copied only from below these (none: every file over HTTP).
+        self.model_roots = tuple(model_roots)
         self._http = http
         # Snapshots come from the control plane only: verified like the agent's link to it.
         self._tls = tls
@@ -183,15 +195,23 @@ class SnapshotStore:
         partial.mkdir(parents=True, exist_ok=True)
         meter = _Meter(digest, manifest.total_bytes(), progress, cancel)
         source_dir = local_source_dir(source_uri)
-        local = None if source_dir is None else Path(source_dir)
+        local = self._local_source(source_dir, source_uri)
         try:
             for entry in manifest.files:
                 target = partial / entry.path
                 target.parent.mkdir(parents=True, exist_ok=True)
-                if local is not None and (local / entry.path).is_file():
-                    actual = _copy_hashing(local / entry.path, target, meter)
+                fd = None if local is None else self._open_local(local, entry)
+                if fd is not None:
+                    actual = _copy_hashing(fd, target, meter)
                 elif files_url:
                     actual = self._download(files_url, entry, target, headers or {}, meter)
+                elif source_dir is not None and local is None:
+                    raise SnapshotError(
+                        f"snapshot {digest[:12]}: its source {source_uri} is not below this "
+                        "host's model roots and the control plane offers no file URL: add its "
+                        "directory to [agent] model_roots (env DCTL_AGENT_MODEL_ROOTS) on the "
+                        "host, or register the version from a directory the control plane serves"
+                    )
                 else:
                     raise SnapshotError(
                         f"snapshot {digest[:12]}: file {entry.path} is not under {source_uri} "
@@ -219,6 +239,27 @@ class SnapshotStore:
         self._commit(digest, manifest, partial)
         meter.finish("ready")
         return self.path_for(digest)
+
+    def _local_source(self, source_dir: PurePosixPath | None, uri: str) -> PurePosixPath | None:
+        """SOURCE_DIR when it lies below a model root (its files may be copied), else None."""
+        if source_dir is None:
+            return None
+        if locate_in_roots(source_dir, self.model_roots) is None:
+            log.info(
+                "source %s is not below [agent] model_roots: fetching its files over HTTP", uri
+            )
+            return None
+        return source_dir
+
+    def _open_local(self, source_dir: PurePosixPath, entry: ManifestEntry) -> int | None:
+        """ENTRY's file opened below SOURCE_DIR, or None (missing, or it leads out: the reason,
+        with local paths, goes to this host's log only)."""
+        try:
+            fd, _ = open_source_file(source_dir, entry.path, self.model_roots)
+        except SourceFileError as exc:
+            log.info("not copying %s from its local source: %s", entry.path, exc)
+            return None
+        return fd
 
     def _commit(self, digest: str, manifest: Manifest, partial: Path) -> None:
         for path in partial.rglob("*"):
@@ -319,10 +360,11 @@ class SnapshotStore:
         return removed
 
 
-def _copy_hashing(source: Path, target: Path, meter: _Meter) -> tuple[int, str]:
+def _copy_hashing(source_fd: int, target: Path, meter: _Meter) -> tuple[int, str]:
+    """Copy the file open at SOURCE_FD (closed after) into TARGET; returns (size, sha256)."""
     digest = hashlib.sha256()
     size = 0
-    with source.open("rb") as src, target.open("wb") as out:
+    with open(source_fd, "rb") as src, target.open("wb") as out:
         while chunk := src.read(CHUNK):
             out.write(chunk)
             digest.update(chunk)

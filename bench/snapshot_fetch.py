@@ -96,7 +96,7 @@ def main() -> None:
         results: dict[str, list[float]] = {"plain copy": [], "local": [], "http": [], "resume": []}
         for n in range(args.repeats):
             results["plain copy"].append(timed(shutil.copytree, src, base / f"copy{n}"))
-            local = SnapshotStore(base / f"local{n}")
+            local = SnapshotStore(base / f"local{n}", model_roots=[src])
             results["local"].append(timed(local.fetch, manifest, str(src)))
             remote = SnapshotStore(base / f"http{n}")
             results["http"].append(timed(remote.fetch, manifest, "s3://x", files_url=url))

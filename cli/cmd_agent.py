@@ -120,6 +120,12 @@ def agent(
     ),
     name: str = typer.Option(None, "--name", help="Host name in the fleet (default: hostname)."),
     label: list[str] = typer.Option([], "--label", help="KEY=VALUE host label (repeatable)."),
+    model_root: list[Path] = typer.Option(
+        [],
+        "--model-root",
+        help="Directory local weight sources may be copied from (repeatable; default: none, "
+        "every file comes from the control plane).",
+    ),
     metrics_port: int = typer.Option(
         None, "--metrics-port", help="Port of the agent's own /metrics (0: any free port) [9401]."
     ),
@@ -175,6 +181,7 @@ def agent(
         advertise_address=advertise_address,
         name=name,
         labels=label or None,
+        model_roots=model_root or None,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
         ca_file=ca_file,
@@ -320,7 +327,9 @@ def _run_agent(
         config,
         selection,
         report,
-        SnapshotStore(data_dir / "snapshots", tls=control_plane_tls),
+        SnapshotStore(
+            data_dir / "snapshots", tls=control_plane_tls, model_roots=settings.model_roots
+        ),
         supervisor,
         ControlPlaneLink(control_plane, tls=control_plane_tls),
         metrics=agent_metrics,

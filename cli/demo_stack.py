@@ -387,9 +387,11 @@ class DemoStack:
             # have lost it, only a re-key token (bound to this host) may register it again.
             bootstrap = api.rekey_host(host).secret
         first, last = self._engine_ports()
+        # The demo's agent may copy the checkpoint it registered straight from this disk.
         agent_args = ["agent", "--control-plane", self.url, "--data-dir",
                       str(self.data_dir / "agent"), "--name", host, "--ports", f"{first}-{last}",
-                      "--metrics-port", "0", "--stop-engines-on-exit"]  # fmt: skip
+                      "--metrics-port", "0", "--stop-engines-on-exit",
+                      "--model-root", str(checkpoint.parent)]  # fmt: skip
         if os.geteuid() == 0:
             self.say("warning: running as root; the demo lets its local agent run as root")
             agent_args.append("--allow-root")

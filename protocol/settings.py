@@ -6,16 +6,17 @@ table per part (`[controlplane]`, `[agent]`, `[gateway]`, ...).
 
 from __future__ import annotations
 
+import os
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Literal, Self
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import ValidationError
+from pydantic import AfterValidator, BeforeValidator, ValidationError
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings import SettingsError as SourceError
 
 from protocol import paths
@@ -123,3 +124,25 @@ def http_url(value: str | None) -> str | None:
 def absolute_path(value: Path | None) -> Path | None:
     """A path setting made absolute (`~` expanded), so a later chdir cannot change its meaning."""
     return None if value is None else value.expanduser().resolve()
+
+
+def _roots_from_text(value: Any) -> Any:
+    # An env var is a PATH-style list (`DCTL_MODEL_ROOTS=/srv/models:/data/ckpt`).
+    if isinstance(value, str):
+        return tuple(item.strip() for item in value.split(os.pathsep) if item.strip())
+    return value
+
+
+def _absolute_roots(value: tuple[Path, ...]) -> tuple[Path, ...]:
+    for root in value:
+        if not root.is_absolute():
+            raise ValueError(f"{str(root)!r} is not an absolute directory")
+    # Canonical, so that the resolved paths `dctl model register` sends match them.
+    return tuple(root.resolve() for root in value)
+
+
+# Directories local model sources must lie in (`model_roots` of the control plane and of the
+# agent): a list in the file, a PATH-style list in an env var.
+ModelRoots = Annotated[
+    tuple[Path, ...], NoDecode, BeforeValidator(_roots_from_text), AfterValidator(_absolute_roots)
+]

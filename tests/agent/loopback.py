@@ -209,10 +209,17 @@ class FakeControlPlane:
         return [s for s in self.server.seen if self.agent_token in (s.authorization or "")]
 
 
-def agent_for(tmp_path: Path, control_plane: str, launcher: FakeLauncher | None = None) -> Agent:
+def agent_for(
+    tmp_path: Path,
+    control_plane: str,
+    launcher: FakeLauncher | None = None,
+    model_roots: list[Path] | None = None,
+) -> Agent:
     """An agent talking real HTTP to CONTROL_PLANE (`ControlPlaneLink`, `SnapshotStore`), with
-    fake GPUs and a fake launcher (no engine process is started)."""
+    fake GPUs and a fake launcher (no engine process is started). It copies local sources from
+    below MODEL_ROOTS (default: TMP_PATH)."""
     launcher = launcher or FakeLauncher()
+    roots = [tmp_path] if model_roots is None else model_roots
     supervisor = Supervisor(tmp_path / "data" / "agent" / "run", launcher, Health(),
                             clock=Clock(), engine_command=["engine-bin"])  # fmt: skip
     return Agent(
@@ -220,7 +227,7 @@ def agent_for(tmp_path: Path, control_plane: str, launcher: FakeLauncher | None 
                     bootstrap_token="bootstrap-secret", host_name="gpu-1"),
         BackendSelection("fake", FakeBackend("2xH100")),
         PreflightReport([PreflightCheck(name="nvml", status="pass")]),
-        SnapshotStore(tmp_path / "data" / "snapshots"),
+        SnapshotStore(tmp_path / "data" / "snapshots", model_roots=roots),
         supervisor,
         ControlPlaneLink(control_plane, timeout_s=5.0),
     )  # fmt: skip

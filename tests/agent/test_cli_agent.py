@@ -60,7 +60,7 @@ def test_verify_names_the_corrupted_file(tmp_path: Path) -> None:
     src.mkdir()
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(b"\0" * 1024)
-    store = SnapshotStore(tmp_path / "data" / "snapshots")
+    store = SnapshotStore(tmp_path / "data" / "snapshots", model_roots=[tmp_path])
     path = store.fetch(compute_manifest(src), str(src))
     clean = dctl("agent", "verify", "--json", "--data-dir", str(tmp_path / "data"))
     assert clean.returncode == 0 and json.loads(clean.stdout)[0]["ok"] is True

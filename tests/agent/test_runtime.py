@@ -126,7 +126,7 @@ class Rig:
                         advertise_address="10.1.2.3"),
             self.selection,
             self.preflight,
-            SnapshotStore(self.tmp / "data" / "snapshots"),
+            SnapshotStore(self.tmp / "data" / "snapshots", model_roots=[self.tmp]),
             supervisor,
             self.cp,
             fetch_metrics=self.fetch_metrics,

@@ -79,7 +79,7 @@ def file_server(tmp_path: Path) -> Iterator[tuple[str, type[_RangeHandler]]]:
 def test_fetch_from_a_local_directory_verifies_and_is_read_only(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src")
     manifest = compute_manifest(src)
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     seen: list[SnapshotProgress] = []
     path = store.fetch(manifest, str(src), progress=seen.append)
     assert path == store.path_for(manifest.digest())
@@ -94,7 +94,7 @@ def test_fetch_from_a_local_directory_verifies_and_is_read_only(tmp_path: Path) 
 
 def test_file_uri_source(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src")
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     path = store.fetch(compute_manifest(src), src.as_uri())
     assert (path / "config.json").exists()
 
@@ -102,7 +102,7 @@ def test_file_uri_source(tmp_path: Path) -> None:
 def test_mismatch_names_the_file_deletes_partial_data_and_keeps_the_old_snapshot(
     tmp_path: Path,
 ) -> None:
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     old = make_checkpoint(tmp_path / "old", seed=1)
     old_digest = compute_manifest(old).digest()
     store.fetch(compute_manifest(old), str(old))
@@ -128,7 +128,7 @@ def test_http_fetch_resumes_with_range_after_a_cut(
     url, handler = file_server
     src = make_checkpoint(tmp_path / "src")
     manifest = compute_manifest(src)
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     handler.cut_after = 100_000  # the weights file is ~256 KiB: the first transfer breaks
     auth = {"Authorization": "Bearer agent-token"}
     with pytest.raises(SnapshotError, match="interrupted"):
@@ -146,7 +146,7 @@ def test_http_fetch_resumes_with_range_after_a_cut(
 def test_unreachable_source_without_file_url_says_what_to_fix(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src")
     manifest = compute_manifest(src)
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     with pytest.raises(SnapshotError, match="make the source reachable"):
         store.fetch(manifest, str(tmp_path / "missing"))
 
@@ -154,7 +154,7 @@ def test_unreachable_source_without_file_url_says_what_to_fix(tmp_path: Path) ->
 def test_verify_detects_on_disk_corruption(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src")
     manifest = compute_manifest(src)
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     path = store.fetch(manifest, str(src))
     target = path / "config.json"
     target.chmod(0o644)
@@ -164,7 +164,7 @@ def test_verify_detects_on_disk_corruption(tmp_path: Path) -> None:
 
 
 def test_prune_keeps_the_last_n_and_those_in_use(tmp_path: Path) -> None:
-    store = SnapshotStore(tmp_path / "store", keep=2)
+    store = SnapshotStore(tmp_path / "store", keep=2, model_roots=[tmp_path])
     digests = []
     for seed in range(4):
         src = make_checkpoint(tmp_path / f"src{seed}", seed=seed)
@@ -181,7 +181,7 @@ def test_prune_keeps_the_last_n_and_those_in_use(tmp_path: Path) -> None:
 def test_a_cancelled_fetch_keeps_its_partial_data_for_the_next_attempt(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src")
     manifest = compute_manifest(src)
-    store = SnapshotStore(tmp_path / "store")
+    store = SnapshotStore(tmp_path / "store", model_roots=[tmp_path])
     stop = threading.Event()
     stop.set()
     with pytest.raises(FetchCancelled):

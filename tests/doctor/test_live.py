@@ -155,7 +155,7 @@ def fleet(plane: Plane) -> dict[str, Any]:
     (broken_src / "shards" / "model.safetensors").write_bytes(b"\x01" * 4095 + b"\x02")
     manifest = compute_manifest(src)
     with pytest.raises(SnapshotMismatch) as refused:
-        SnapshotStore(plane.tmp / "store").fetch(manifest, str(broken_src))
+        SnapshotStore(plane.tmp / "store", model_roots=[plane.tmp]).fetch(manifest, str(broken_src))
     failure = SnapshotFailure(digest=manifest.digest(), error=str(refused.value))
     corrupt = plane.add_host("h-corrupt", "2xH200",
                              snapshot_failures=[failure.model_dump(mode="json")])  # fmt: skip

@@ -400,7 +400,7 @@ def test_file_uris_with_an_empty_host_or_localhost_are_local_on_both_sides(
     }
     # The agent: a local source is copied from disk, no files_url needed.
     for number, uri in enumerate(forms.values()):
-        store = SnapshotStore(tmp_path / f"store{number}")
+        store = SnapshotStore(tmp_path / f"store{number}", model_roots=[tmp_path])
         path = store.fetch(manifest, uri, files_url=None)
         assert (path / "model.safetensors").read_bytes() == PAYLOAD
 
