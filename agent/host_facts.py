@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from agent.gpu import GpuSnapshot
+from protocol.plain_text import printable
 from protocol.wire import GpuBackendName, GpuStatus, HostFacts, PreflightCheck, SnapshotFailure
 
 
@@ -75,13 +76,15 @@ def host_facts(
         memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = None
+    # What the system and the driver say goes through `printable`: the control plane refuses
+    # a control character in any of it, and a refused heartbeat is a host gone silent.
     return HostFacts(
-        hostname=socket.gethostname(),
-        os=platform.platform(),
+        hostname=printable(socket.gethostname()),
+        os=printable(platform.platform()),
         agent_version=agent_version(),
         gpu_backend=backend,
-        driver_version=sample.driver_version if sample else None,
-        cuda_driver_version=sample.cuda_driver_version if sample else None,
+        driver_version=_printable(sample.driver_version if sample else None),
+        cuda_driver_version=_printable(sample.cuda_driver_version if sample else None),
         cpu_count=os.cpu_count(),
         memory_bytes=memory,
         disk_free_bytes=shutil.disk_usage(data_dir).free,
@@ -93,13 +96,17 @@ def host_facts(
     )
 
 
+def _printable(text: str | None) -> str | None:
+    return None if text is None else printable(text)
+
+
 def gpu_status(sample: GpuSnapshot) -> list[GpuStatus]:
     """Wire form of a GPU sample (percent and Celsius, as the control plane stores them)."""
     return [
         GpuStatus(
             index=d.index,
-            uuid=d.uuid,
-            name=d.name,
+            uuid=printable(d.uuid),
+            name=printable(d.name),
             memory_total_bytes=d.memory_total_bytes or 0,
             memory_used_bytes=d.memory_used_bytes or 0,
             utilization_percent=round(d.utilization_ratio * 100, 1)
@@ -110,7 +117,7 @@ def gpu_status(sample: GpuSnapshot) -> list[GpuStatus]:
             power_limit_w=d.power_limit_watts,
             ecc_uncorrectable=d.ecc_uncorrected_errors,
             persistence_mode=d.persistence_mode,
-            compute_capability=d.compute_capability,
+            compute_capability=_printable(d.compute_capability),
         )
         for d in sample.devices
     ]

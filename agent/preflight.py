@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
+from protocol.plain_text import printable
 from protocol.wire import CheckStatus, MemoryPlan, PreflightCheck
 
 GIB = 1024**3
@@ -87,7 +88,8 @@ class PreflightReport:
 
 
 def _check(name: str, status: CheckStatus, reason: str) -> PreflightCheck:
-    return PreflightCheck(name=name, status=status, reason=reason)
+    # Reasons quote drivers, torch and exceptions: made printable, as the control plane wants.
+    return PreflightCheck(name=name, status=status, reason=printable(reason))
 
 
 def version_tuple(text: str) -> tuple[int, ...]:

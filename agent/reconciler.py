@@ -21,6 +21,7 @@ from agent.preflight import PreflightReport
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
+from protocol.plain_text import printable
 from protocol.wire import (
     DesiredInstance,
     DesiredInstanceState,
@@ -101,7 +102,8 @@ class Reconciler:
     def observed(self) -> list[ObservedInstance]:
         """Supervised instances plus those waiting for their snapshot or refused."""
         observed = {o.instance_id: o for o in self.supervisor.observed()}
-        for instance_id, (state, message) in self._waiting.items():
+        for instance_id, (state, said) in self._waiting.items():
+            message = printable(said)  # it may quote an exception: printable for the wire
             current = observed.get(instance_id)
             if current is None or current.state in (InstanceState.FAILED, InstanceState.STOPPED):
                 observed[instance_id] = ObservedInstance(

@@ -35,6 +35,7 @@ from agent.reconciler import Reconciler
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
+from protocol.plain_text import printable
 from protocol.wire import (
     DEFAULT_PORT_RANGE,
     Heartbeat,
@@ -181,7 +182,7 @@ class Agent:
     def facts(self, sample: GpuSnapshot | None) -> HostFacts:
         """Slow-changing facts about this host, with the preflight results."""
         failures = [
-            SnapshotFailure(digest=p.digest, error=p.error)
+            SnapshotFailure(digest=p.digest, error=printable(p.error))
             for p in self.fetcher.progress()
             if p.state == "failed"
         ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from agent.engine_process import EngineProcess, PidRecord, log_tail
 from agent.gpu import EngineLoad
 from agent.instance_spec import InstanceSpec
+from protocol.plain_text import printable
 from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
 
@@ -50,7 +51,9 @@ class SupervisedInstance:
             restart_count=self.restart_count,
             last_exit=self.last_exit,
             version_digest=self.spec.digest,
-            message="; ".join(m for m in (self.message, self.note) if m)[:1000],
+            # Messages quote exceptions and engine logs (line breaks, colours): the control plane
+            # refuses control characters, so they leave here printable.
+            message=printable("; ".join(m for m in (self.message, self.note) if m))[:1000],
         )
 
     def engine_load(self, memory_bytes: Callable[[int], int] | None) -> EngineLoad | None:
@@ -87,6 +90,6 @@ def exit_info(log_path: Path, code: int | None, reason: str) -> ExitInfo:
     return ExitInfo(
         code=code if code is not None and code >= 0 else None,
         signal=-code if code is not None and code < -1 else None,
-        reason=text[:1000],
+        reason=printable(text)[:1000],
         at=datetime.now(UTC),
     )

@@ -42,6 +42,7 @@ from agent.instance_spec import InstanceSpec, SupervisorPolicy, api_key_in, engi
 from agent.private_files import private_dir, write_private
 from agent.supervised_instance import SupervisedInstance, exit_info
 from protocol.engine_config import ServeConfigError
+from protocol.plain_text import printable
 from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
 log = logging.getLogger("dctl.agent.supervisor")
@@ -182,7 +183,7 @@ class Supervisor:
             rotate_log(log_path, self.policy.log_keep)
         except OSError as exc:  # e.g. a full disk: worth retrying, like a failed launch
             inst.process = None
-            self._fail(inst, ExitInfo(reason=f"cannot write {config_path}: {exc}"))
+            self._fail(inst, ExitInfo(reason=printable(f"cannot write {config_path}: {exc}")))
             return
         env = dict(self.env)
         if spec.gpu_indices:  # none given: every GPU this host has (the agent's own view)
@@ -192,7 +193,7 @@ class Supervisor:
             inst.process = self.launcher.launch(argv, env, log_path)
         except OSError as exc:
             inst.process = None
-            self._fail(inst, ExitInfo(reason=f"cannot start {argv[0]}: {exc}"))
+            self._fail(inst, ExitInfo(reason=printable(f"cannot start {argv[0]}: {exc}")))
             return
         now = self.clock()
         inst.started_at = now

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, partial
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
 
@@ -55,7 +55,7 @@ from protocol.rollouts import (
     RolloutCreate,
     RolloutOut,
 )
-from protocol.wire import Manifest, MemoryPlan, VersionLine
+from protocol.wire import STORED, Manifest, MemoryPlan, VersionLine
 
 API = "/api/v1"
 T = TypeVar("T")
@@ -99,17 +99,19 @@ def segment(value: str) -> str:
     return quote(value, safe="")
 
 
-# How answers are read: a model, a list of models, nothing, or the JSON as it is.
+# How answers are read: a model, a list of models, nothing, or the JSON as it is. An answer may
+# quote rows stored before the API refused control characters: read as they are (the CLI and the
+# TUI strip them before printing), not refused.
 
 
 def one(model: type[M]) -> Callable[[Any], M]:
     """Read the body as one MODEL."""
-    return model.model_validate
+    return partial(model.model_validate, context=STORED)
 
 
 def many(model: type[M]) -> Callable[[Any], list[M]]:
     """Read the body as a list of MODEL."""
-    return _list_adapter(model).validate_python
+    return partial(_list_adapter(model).validate_python, context=STORED)
 
 
 @cache

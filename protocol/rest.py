@@ -23,6 +23,7 @@ from protocol.wire import (
     Manifest,
     MemoryPlan,
     Name,
+    PlainText,
     VersionLine,
     VersionTag,
 )
@@ -192,7 +193,7 @@ class Placement(ApiModel):
     """Where a deployment runs: named hosts and/or every host carrying all these labels."""
 
     hosts: list[Name] = Field(default_factory=list, max_length=1000)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    labels: dict[PlainText, PlainText] = Field(default_factory=dict, max_length=32)
 
 
 class DeploymentCreate(ApiModel):

@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from protocol.rest import ApiModel, _check_engine_config
 from protocol.rollout_policy import RolloutPolicy
-from protocol.wire import INT32_MAX
+from protocol.wire import INT32_MAX, PlainText
 
 RolloutKind = Literal["rollout", "rollback", "restart"]
 RolloutState = Literal["progressing", "paused", "promoted", "aborted", "rolled_back", "completed"]
@@ -43,7 +43,7 @@ class RolloutCreate(ApiModel):
     )
     surge: int = Field(default=0, ge=0, le=64, description="extra canary instances allowed")
     policy: RolloutPolicy = Field(default_factory=RolloutPolicy)
-    reason: str = Field(default="", max_length=500)
+    reason: PlainText = Field(default="", max_length=500)
 
     _engine_config = field_validator("engine_config")(
         lambda v: None if v is None else _check_engine_config(v)
@@ -80,7 +80,7 @@ class RolloutCreate(ApiModel):
 class RolloutAction(ApiModel):
     """`POST .../rollout/{promote,abort,pause,resume}` (operator)."""
 
-    reason: str = Field(default="", max_length=500)
+    reason: PlainText = Field(default="", max_length=500)
     full: bool = Field(default=False, description="promote: skip the remaining steps")
 
 
@@ -91,7 +91,7 @@ class RollbackCreate(ApiModel):
         default=None, max_length=200, description="VERSION or MODEL:VERSION; default: previous"
     )
     all_at_once: bool = False
-    reason: str = Field(default="", max_length=500)
+    reason: PlainText = Field(default="", max_length=500)
 
 
 class RestartCreate(ApiModel):
@@ -99,7 +99,7 @@ class RestartCreate(ApiModel):
 
     host: str | None = Field(default=None, max_length=63)
     instance: int | None = Field(default=None, ge=1, le=INT32_MAX)
-    reason: str = Field(default="", max_length=500)
+    reason: PlainText = Field(default="", max_length=500)
 
 
 class MetricVerdict(ApiModel):

@@ -24,10 +24,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from protocol.plain_text import refuse_control_characters
 from protocol.vocabulary import VersionLine
 
 WIRE_VERSION = 1
@@ -51,6 +53,22 @@ Address = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0
 # Bounds that every database column can hold (32-bit ids and counters, 63-bit byte counts).
 INT32_MAX = 2**31 - 1
 BYTES_MAX = 2**62
+
+# The context for reading back what a control plane stored (views of rows, replies read by the
+# client): text stored before the API refused control characters is taken as it is, since the
+# printers strip it (`protocol.plain_text.printable`), rather than failing the whole answer.
+STORED: dict[str, Any] = {"stored": True}
+
+
+def _plain_text(value: str, info: ValidationInfo) -> str:
+    if info.context is not None and info.context.get("stored"):
+        return value
+    return refuse_control_characters(value)
+
+
+# Text an agent or an operator chooses and terminals show (labels, facts, GPU names, messages):
+# a control character in a request is refused, 422 naming the field (see protocol.plain_text).
+PlainText = Annotated[str, AfterValidator(_plain_text)]
 
 
 class InstanceState(StrEnum):
@@ -88,9 +106,10 @@ CheckStatus = Literal["pass", "warn", "fail"]
 
 
 class WireModel(BaseModel):
-    """Base of every wire message: unknown fields are ignored for forward compatibility."""
+    """Base of every wire message: unknown fields are ignored for forward compatibility, and
+    numbers must be finite (a NaN or an Infinity cannot be stored, compared or sent on)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 # --- weight snapshots --------------------------------------------------------------------------
@@ -186,7 +205,7 @@ def check_labels(value: dict[str, str]) -> dict[str, str]:
 
 
 # Host labels, one rule wherever they are given: by an agent, a bootstrap token, an operator.
-Labels = Annotated[dict[str, str], Field(max_length=64), AfterValidator(check_labels)]
+Labels = Annotated[dict[str, PlainText], Field(max_length=64), AfterValidator(check_labels)]
 LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, description="a label's key")]
 
 
@@ -229,27 +248,27 @@ class RegisterResponse(WireModel):
 class PreflightCheck(WireModel):
     """Result of one preflight check."""
 
-    name: str = Field(max_length=64)
+    name: PlainText = Field(max_length=64)
     status: CheckStatus
-    reason: str = Field(default="", max_length=1000)
+    reason: PlainText = Field(default="", max_length=1000)
 
 
 class SnapshotFailure(WireModel):
     """A snapshot the agent could not fetch or verify."""
 
     digest: Sha256
-    error: str = Field(default="", max_length=1000)
+    error: PlainText = Field(default="", max_length=1000)
 
 
 class HostFacts(WireModel):
     """Slow-changing facts about the host; the control plane stores them when they change."""
 
-    hostname: str = Field(default="", max_length=255)
-    os: str = Field(default="", max_length=255)
-    agent_version: str = Field(default="", max_length=64)
+    hostname: PlainText = Field(default="", max_length=255)
+    os: PlainText = Field(default="", max_length=255)
+    agent_version: PlainText = Field(default="", max_length=64)
     gpu_backend: GpuBackendName = "fake"
-    driver_version: str | None = Field(default=None, max_length=64)
-    cuda_driver_version: str | None = Field(default=None, max_length=32)
+    driver_version: PlainText | None = Field(default=None, max_length=64)
+    cuda_driver_version: PlainText | None = Field(default=None, max_length=32)
     cpu_count: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     memory_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     disk_free_bytes: int | None = Field(default=None, ge=0, le=BYTES_MAX)
@@ -296,25 +315,25 @@ class GpuStatus(WireModel):
     """One GPU: identity plus its latest sample. Fields NVML does not support are None (N/A)."""
 
     index: int = Field(ge=0, le=1023)
-    uuid: str = Field(max_length=128)
-    name: str = Field(default="", max_length=128)
+    uuid: PlainText = Field(max_length=128)
+    name: PlainText = Field(default="", max_length=128)
     memory_total_bytes: int = Field(default=0, ge=0, le=BYTES_MAX)
     memory_used_bytes: int = Field(default=0, ge=0, le=BYTES_MAX)
     utilization_percent: float | None = Field(default=None, ge=0, le=100)
     temperature_c: float | None = Field(default=None, ge=-50, le=200)
     power_w: float | None = Field(default=None, ge=0)
     power_limit_w: float | None = Field(default=None, ge=0)
-    ecc_uncorrectable: int | None = Field(default=None, ge=0)
+    ecc_uncorrectable: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     persistence_mode: bool | None = None
-    compute_capability: str | None = Field(default=None, max_length=16)
+    compute_capability: PlainText | None = Field(default=None, max_length=16)
 
 
 class ExitInfo(WireModel):
     """How an engine process last ended."""
 
-    code: int | None = None
-    signal: int | None = None
-    reason: str = Field(default="", max_length=1000)
+    code: int | None = Field(default=None, ge=-INT32_MAX - 1, le=INT32_MAX)
+    signal: int | None = Field(default=None, ge=0, le=255)
+    reason: PlainText = Field(default="", max_length=1000)
     at: datetime | None = None
 
 
@@ -328,7 +347,7 @@ class ObservedInstance(WireModel):
     restart_count: int = Field(default=0, ge=0, le=INT32_MAX)
     last_exit: ExitInfo | None = None
     version_digest: Sha256 | None = None
-    message: str = Field(default="", max_length=1000)
+    message: PlainText = Field(default="", max_length=1000)
 
 
 class SnapshotProgress(WireModel):

@@ -21,7 +21,7 @@ from protocol.rest import (
     VersionOut,
 )
 from protocol.rollout_policy import RolloutPolicy
-from protocol.wire import ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
+from protocol.wire import STORED, ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
 
 
 def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
@@ -49,7 +49,9 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             observed_state=inst.observed_state,
             pid=inst.pid,
             restart_count=inst.restart_count,
-            last_exit=ExitInfo(**inst.last_exit) if inst.last_exit else None,
+            last_exit=ExitInfo.model_validate(inst.last_exit, context=STORED)
+            if inst.last_exit
+            else None,
             message=inst.message,
             observed_at=inst.observed_at,
             observed_digest=inst.observed_digest,
@@ -76,8 +78,9 @@ def host_out(
         last_seen_at=host.last_seen_at,
         heartbeat_interval_s=host.heartbeat_interval_s,
         port_range=(host.port_range_start, host.port_range_end),
-        facts=HostFacts(**host.facts) if host.facts else None,
-        gpus=[GpuStatus(**g) for g in host.gpu_samples],
+        # Rows an agent wrote before control characters were refused are shown, not failed.
+        facts=HostFacts.model_validate(host.facts, context=STORED) if host.facts else None,
+        gpus=[GpuStatus.model_validate(g, context=STORED) for g in host.gpu_samples],
         desired_generation=host.desired_generation,
         applied_generation=host.applied_generation,
         instances=instances,
@@ -186,7 +189,9 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
             name=d.name,
             model=names.get(d.id, ("", ""))[0],
             version=names.get(d.id, ("", ""))[1],
-            placement=Placement(hosts=d.placement_hosts, labels=d.placement_labels),
+            placement=Placement.model_validate(
+                {"hosts": d.placement_hosts, "labels": d.placement_labels}, context=STORED
+            ),
             instances_per_host=d.instances_per_host,
             gpus_per_instance=d.gpus_per_instance,
             engine_config=d.engine_config,
