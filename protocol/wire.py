@@ -106,10 +106,9 @@ CheckStatus = Literal["pass", "warn", "fail"]
 
 
 class WireModel(BaseModel):
-    """Base of every wire message: unknown fields are ignored for forward compatibility, and
-    numbers must be finite (a NaN or an Infinity cannot be stored, compared or sent on)."""
+    """Base of every wire message: unknown fields are ignored for forward compatibility."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore")
 
 
 # --- weight snapshots --------------------------------------------------------------------------
@@ -323,7 +322,7 @@ class GpuStatus(WireModel):
     temperature_c: float | None = Field(default=None, ge=-50, le=200)
     power_w: float | None = Field(default=None, ge=0)
     power_limit_w: float | None = Field(default=None, ge=0)
-    ecc_uncorrectable: int | None = Field(default=None, ge=0, le=BYTES_MAX)
+    ecc_uncorrectable: int | None = Field(default=None, ge=0)
     persistence_mode: bool | None = None
     compute_capability: PlainText | None = Field(default=None, max_length=16)
 
@@ -331,8 +330,8 @@ class GpuStatus(WireModel):
 class ExitInfo(WireModel):
     """How an engine process last ended."""
 
-    code: int | None = Field(default=None, ge=-INT32_MAX - 1, le=INT32_MAX)
-    signal: int | None = Field(default=None, ge=0, le=255)
+    code: int | None = None
+    signal: int | None = None
     reason: PlainText = Field(default="", max_length=1000)
     at: datetime | None = None
 
