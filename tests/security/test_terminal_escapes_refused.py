@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.controlplane.conftest import db_url, pg_url, sqlite_template
 from tests.security.hostile_terminal import (
@@ -29,7 +28,7 @@ from tests.security.hostile_terminal import (
     OSC_TITLE,
     SHORT,
 )
-from tests.security.live_controlplane import V, LiveControlPlane, live
+from tests.security.live_controlplane import LiveControlPlane, V, live
 
 REFUSED = "control character U+"
 
@@ -110,7 +109,9 @@ def test_operator_bodies_with_escape_sequences_are_refused(live: LiveControlPlan
     admin = live.admin
     deployment = {"name": "web", "model": "demo", "version": "v1",
                   "placement": {"labels": {"zone": OSC_TITLE}}}  # fmt: skip
-    assert_refused(live.call("POST", f"{V}/deployments", admin, json=deployment), "placement.labels.zone")
+    assert_refused(
+        live.call("POST", f"{V}/deployments", admin, json=deployment), "placement.labels.zone"
+    )
     change = {"labels": {"zone": ERASE_LINE}}
     assert_refused(live.call("PATCH", f"{V}/hosts/gpu-1/labels", admin, json=change), "labels.zone")
     token = {"name": "boot", "role": "bootstrap", "labels": {"zone": OSC_LINK}}
