@@ -88,7 +88,9 @@ def create_app(
     lease = DatabaseLease(
         engine, CONTROLLERS_LEASE, new_holder_id(), timedelta(seconds=settings.lease_s)
     )
-    rollout_controller = RolloutController(engine)
+    rollout_controller = RolloutController(
+        engine, notify_allow_private=settings.notify_allow_private
+    )
     controllers = ControllerLoop(
         lease, [HostHealthController(ctx.health), rollout_controller], clock
     )

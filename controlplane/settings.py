@@ -52,6 +52,10 @@ class ControlPlaneSettings(FileBackedSettings):
     # Directories local model sources must lie in (empty: anywhere). The file route serves only
     # files whose content matches the manifest either way; the roots also bound *where* from.
     model_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    # Rollout webhooks (`notify`) may go to loopback, link-local, private and unique-local
+    # addresses: off, since the control plane would send them from inside the network (cloud
+    # metadata at 169.254.169.254, admin ports on 127.0.0.1) on an operator's word.
+    notify_allow_private: bool = False
 
     @field_validator("model_roots", mode="before")
     @classmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from pydantic import Field
 
 from protocol.api_model import ApiModel
@@ -41,10 +43,28 @@ class RolloutPolicy(ApiModel):
         description="URL that gets a JSON POST on every state change and failed analysis",
     )
 
+    def masked(self) -> RolloutPolicy:
+        """This policy as anyone below admin sees it: `notify` as `notify_origin` shows it."""
+        if self.notify is None:
+            return self
+        return self.model_copy(update={"notify": notify_origin(self.notify)})
+
     def over(self, base: RolloutPolicy) -> RolloutPolicy:
         """This policy's values where set, else BASE's."""
         mine = self.model_dump(exclude_none=True)
         return base.model_copy(update=mine)
+
+
+def notify_origin(url: str) -> str:
+    """What may be shown of a notify URL below admin, in events and in logs:
+    `https://hooks.example.com/…`. Its user, password, port, path and query may each be the
+    secret (a Slack or Teams hook is all path)."""
+    scheme = url.partition(":")[0]
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:  # an unbalanced `[`: nothing of it is shown
+        host = ""
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}/…"
 
 
 DEFAULT_POLICY = RolloutPolicy(

@@ -11,6 +11,7 @@ from fastapi import Path as PathParam
 
 from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer
 from controlplane.api.views import canary_out, deployments_out
+from controlplane.auth import Role
 from controlplane.services import canary, deployments, traffic
 from protocol.gateway import CanaryOut, CanarySet, DeploymentTraffic
 from protocol.rest import DeploymentCreate, DeploymentOut, DeploymentUpdate
@@ -27,29 +28,36 @@ def create_deployment(
     """Create a deployment; instances are derived per host, each with its own port and GPUs."""
     deployment = deployments.create_deployment(session, ctx.clock(), who.actor, body)
     session.commit()
-    return deployments_out(session, [deployment])[0]
+    return deployments_out(session, [deployment], admin=who.may(Role.ADMIN))[0]
 
 
 @router.get("", response_model=list[DeploymentOut])
-def list_deployments(session: SessionDep, _who: Viewer) -> list[DeploymentOut]:
+def list_deployments(session: SessionDep, who: Viewer) -> list[DeploymentOut]:
     """Every deployment with its instances."""
-    return deployments_out(session, deployments.list_deployments(session))
+    found = deployments.list_deployments(session)
+    return deployments_out(session, found, admin=who.may(Role.ADMIN))
 
 
 @router.get("/{name}", response_model=DeploymentOut)
-def show_deployment(name: NamePath, session: SessionDep, _who: Viewer) -> DeploymentOut:
+def show_deployment(name: NamePath, session: SessionDep, who: Viewer) -> DeploymentOut:
     """One deployment with its instances."""
-    return deployments_out(session, [deployments.get_deployment(session, name)])[0]
+    found = deployments.get_deployment(session, name)
+    return deployments_out(session, [found], admin=who.may(Role.ADMIN))[0]
 
 
 @router.patch("/{name}", response_model=DeploymentOut)
 def update_deployment(
     name: NamePath, body: DeploymentUpdate, session: SessionDep, ctx: ContextDep, who: Operator
 ) -> DeploymentOut:
-    """Scale, change GPUs per instance or engine config, switch the stable version or placement."""
-    deployment = deployments.update_deployment(session, ctx.clock(), who.actor, name, body)
+    """Scale, change GPUs per instance or engine config, switch the stable version or placement,
+    set the rollout policy (a `notify` URL to a private address needs
+    `[controlplane] notify_allow_private`)."""
+    allow_private = ctx.settings.notify_allow_private
+    deployment = deployments.update_deployment(
+        session, ctx.clock(), who.actor, name, body, allow_private
+    )
     session.commit()
-    return deployments_out(session, [deployment])[0]
+    return deployments_out(session, [deployment], admin=who.may(Role.ADMIN))[0]
 
 
 @router.delete("/{name}", status_code=204)

@@ -1,6 +1,6 @@
 """`/api/v1/deployments/{name}/rollout...`, `/rollback`, `/restart`: start and steer rollouts,
 roll back to a kept version, restart engines one at a time (operator); status and history
-(viewer)."""
+(viewer). Below admin, a rollout's `notify` URL shows its scheme and host only."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 
 from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer
+from controlplane.auth import Role
 from controlplane.services import rollouts
 from protocol.rollouts import (
     RestartCreate,
@@ -31,17 +32,19 @@ def start_rollout(
 ) -> RolloutOut:
     """Start a canary rollout of a new version (and engine config); 409 while one is active."""
     now = ctx.clock()
-    rollout = rollouts.start_rollout(session, now, who.actor, name, body)
+    allow_private = ctx.settings.notify_allow_private
+    rollout = rollouts.start_rollout(session, now, who.actor, name, body, allow_private)
     session.commit()
-    return rollouts.view(session, now, rollout)
+    return rollouts.view(session, now, rollout, admin=who.may(Role.ADMIN))
 
 
 @router.get("/{name}/rollout", response_model=RolloutOut)
 def current_rollout(
-    name: NamePath, session: SessionDep, ctx: ContextDep, _who: Viewer
+    name: NamePath, session: SessionDep, ctx: ContextDep, who: Viewer
 ) -> RolloutOut:
     """The active rollout, rollback or restart; else the most recent one."""
-    return rollouts.view(session, ctx.clock(), rollouts.current(session, name))
+    rollout = rollouts.current(session, name)
+    return rollouts.view(session, ctx.clock(), rollout, admin=who.may(Role.ADMIN))
 
 
 @router.post("/{name}/rollout/{action}", response_model=RolloutOut)
@@ -57,7 +60,7 @@ def rollout_action(
     now = ctx.clock()
     rollout = rollouts.act(session, now, who.actor, name, action, body or RolloutAction())
     session.commit()
-    return rollouts.view(session, now, rollout)
+    return rollouts.view(session, now, rollout, admin=who.may(Role.ADMIN))
 
 
 @router.get("/{name}/rollouts", response_model=list[RolloutOut])
@@ -65,12 +68,14 @@ def rollout_history(
     name: NamePath,
     session: SessionDep,
     ctx: ContextDep,
-    _who: Viewer,
+    who: Viewer,
     limit: Annotated[int, Query(ge=1, le=500)] = rollouts.HISTORY_LIMIT,
 ) -> list[RolloutOut]:
     """Past and present rollouts, rollbacks and restarts, newest first."""
-    now = ctx.clock()
-    return [rollouts.view(session, now, r) for r in rollouts.history(session, name, limit)]
+    now, admin = ctx.clock(), who.may(Role.ADMIN)
+    return [
+        rollouts.view(session, now, r, admin=admin) for r in rollouts.history(session, name, limit)
+    ]
 
 
 @router.get("/{name}/rollouts/{rollout_id}", response_model=RolloutOut)
@@ -79,10 +84,11 @@ def rollout_by_id(
     rollout_id: Annotated[int, PathParam(ge=1, le=2**31 - 1)],
     session: SessionDep,
     ctx: ContextDep,
-    _who: Viewer,
+    who: Viewer,
 ) -> RolloutOut:
     """One rollout, rollback or restart."""
-    return rollouts.view(session, ctx.clock(), rollouts.by_id(session, name, rollout_id))
+    rollout = rollouts.by_id(session, name, rollout_id)
+    return rollouts.view(session, ctx.clock(), rollout, admin=who.may(Role.ADMIN))
 
 
 @router.post("/{name}/rollback", response_model=RolloutOut, status_code=201)
@@ -94,7 +100,7 @@ def rollback(
     now = ctx.clock()
     rollout = rollouts.start_rollback(session, now, who.actor, name, body)
     session.commit()
-    return rollouts.view(session, now, rollout)
+    return rollouts.view(session, now, rollout, admin=who.may(Role.ADMIN))
 
 
 @router.post("/{name}/restart", response_model=RolloutOut, status_code=201)
@@ -105,4 +111,4 @@ def restart(
     now = ctx.clock()
     rollout = rollouts.start_restart(session, now, who.actor, name, body)
     session.commit()
-    return rollouts.view(session, now, rollout)
+    return rollouts.view(session, now, rollout, admin=who.may(Role.ADMIN))

@@ -155,9 +155,11 @@ def models_out(session: Session, models: Sequence[Model]) -> list[ModelOut]:
     ]
 
 
-def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list[DeploymentOut]:
+def deployments_out(
+    session: Session, deployments: Sequence[Deployment], *, admin: bool
+) -> list[DeploymentOut]:
     """Deployments with their model, stable version, instances and canary (four queries for any
-    count)."""
+    count); the rollout policy's `notify` URL whole for an ADMIN only."""
     ids = [d.id for d in deployments]
     names = {
         dep_id: (model, version)
@@ -202,7 +204,9 @@ def deployments_out(session: Session, deployments: Sequence[Deployment]) -> list
             canary_weight=canaries.get(d.id or 0, (None, 0))[1],
             # A deleted version (no FK on purpose) reads as nothing to go back to.
             rollback_version=tags.get(d.rollback_version_id) if d.rollback_version_id else None,
-            rollout_policy=RolloutPolicy.model_validate(d.rollout_policy),
+            rollout_policy=RolloutPolicy.model_validate(d.rollout_policy)
+            if admin
+            else RolloutPolicy.model_validate(d.rollout_policy).masked(),
         )
         for d in deployments
     ]

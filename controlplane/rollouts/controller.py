@@ -40,10 +40,11 @@ from controlplane.models import (
 )
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.analysis import Interval, analyse, failing_reason
-from controlplane.rollouts.notify import Notice, Notifier, redacted
+from controlplane.rollouts.notify import Notice, Notifier
 from controlplane.services.placement import bump_generation, replan_deployment
 from controlplane.services.traffic import deployment_traffic
 from protocol.gateway import VersionTraffic
+from protocol.rollout_policy import notify_origin
 from protocol.rollouts import Analysis
 from protocol.wire import InstanceState
 
@@ -65,10 +66,13 @@ class RolloutController:
         engine: Engine,
         notifier: Notifier | None = None,
         leaderless_gap: timedelta = LEADERLESS_GAP,
+        notify_allow_private: bool = False,
     ) -> None:
         self._engine = engine
         self.leaderless_gap = leaderless_gap
-        self.notifier = notifier or Notifier(self._notice_failed)
+        self.notifier = notifier or Notifier(
+            self._notice_failed, allow_private=notify_allow_private
+        )
 
     def tick(self, now: datetime) -> None:
         """One round over the rollouts that are active or still have an ending to record."""
@@ -483,8 +487,8 @@ class RolloutController:
                 ACTOR,
                 "rollout.notify_failed",
                 f"deployment/{notice.body.get('deployment', '')}",
-                f"notification to {redacted(notice.url)} failed after "
-                f"{len(notice.attempts)} attempts: {error}",
+                f"notification to {notify_origin(notice.url)} failed: {error} "
+                f"({len(notice.attempts)} attempt{'' if len(notice.attempts) == 1 else 's'})",
                 rollout=notice.body.get("rollout"),
                 event=notice.body.get("event"),
             )

@@ -10,6 +10,7 @@ from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model
+from controlplane.rollouts.webhook import check_target
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version
 from controlplane.services.placement import active_rollouts, bump_generation, place_deployment
@@ -70,9 +71,17 @@ def create_deployment(
 
 
 def update_deployment(
-    session: Session, now: datetime, actor: str, name: str, change: DeploymentUpdate
+    session: Session,
+    now: datetime,
+    actor: str,
+    name: str,
+    change: DeploymentUpdate,
+    notify_allow_private: bool = False,
 ) -> Deployment:
-    """Scale, reconfigure, switch version, GPUs or placement; refused whole when it does not fit."""
+    """Scale, reconfigure, switch version, GPUs, placement or rollout policy; refused whole when
+    it does not fit (a `notify` URL to a private address: `[controlplane] notify_allow_private`)."""
+    if change.rollout_policy is not None:
+        check_target(change.rollout_policy.notify, "rollout_policy.notify", notify_allow_private)
     deployment = get_deployment(session, name)
     changes: dict[str, Any] = {}
     if change.instances_per_host is not None:
@@ -101,7 +110,8 @@ def update_deployment(
     if change.rollout_policy is not None:
         # Only what the file sets: the built-in defaults fill the rest at each rollout.
         deployment.rollout_policy = change.rollout_policy.model_dump(exclude_none=True)
-        changes["rollout_policy"] = deployment.rollout_policy
+        # Viewers read the event log: the notify URL as they may see it.
+        changes["rollout_policy"] = change.rollout_policy.masked().model_dump(exclude_none=True)
     if change.placement is not None:
         _check_placement(session, change.placement)
         deployment.placement_hosts = list(change.placement.hosts)

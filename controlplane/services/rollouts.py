@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion, Rollout
 from controlplane.rollouts import transitions as tr
+from controlplane.rollouts.webhook import check_target
 from controlplane.services.canary import locked_deployment
 from controlplane.services.deployments import _engine_config, get_deployment
 from controlplane.services.errors import Conflict, Invalid, NotFound
@@ -101,9 +102,16 @@ def _new_record(
 
 
 def start_rollout(
-    session: Session, now: datetime, actor: str, name: str, spec: RolloutCreate
+    session: Session,
+    now: datetime,
+    actor: str,
+    name: str,
+    spec: RolloutCreate,
+    notify_allow_private: bool = False,
 ) -> Rollout:
-    """Start a rollout: Conflict when one is active, Invalid when the plan cannot run."""
+    """Start a rollout: Conflict when one is active, Invalid when the plan cannot run or its
+    `notify` URL names a private address (`[controlplane] notify_allow_private`)."""
+    check_target(spec.policy.notify, "policy.notify", notify_allow_private)
     deployment = locked_deployment(session, name)
     assert deployment.id is not None
     _refuse_if_busy(session, deployment)
@@ -412,8 +420,9 @@ def by_id(session: Session, name: str, rollout_id: int) -> Rollout:
     return rollout
 
 
-def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
-    """The API's view of a record, with its instances as they stand."""
+def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> RolloutOut:
+    """The API's view of a record, with its instances as they stand; the `notify` URL whole
+    for an ADMIN only (`RolloutPolicy.masked`)."""
     deployment = session.get(Deployment, rollout.deployment_id)
     assert deployment is not None and deployment.id is not None
     policy = tr.policy_of(rollout)
@@ -472,7 +481,7 @@ def view(session: Session, now: datetime, rollout: Rollout) -> RolloutOut:
         stable_ready=stable_ready,
         step_started_at=rollout.step_started_at,
         time_left_s=time_left,
-        policy=policy,
+        policy=policy if admin else policy.masked(),
         analysis=analyses[-1] if analyses else None,
         analyses=analyses,
         reason=rollout.message,
