@@ -8,6 +8,7 @@ that went down means the engine restarted; then the delta is the new value itsel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -49,6 +50,8 @@ def parse_metrics(text: str) -> Scrape:
     scrape = Scrape()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if not math.isfinite(sample.value):
+                continue  # NaN (an empty summary) or Inf: heartbeats carry finite numbers only
             labels = dict(sample.labels)
             if _SKIPPED_LABELS & labels.keys():
                 if sample.name == EXPERT_TOKENS and "expert" in labels:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.engine import Engine
 
 from controlplane.api import (
@@ -25,7 +25,7 @@ from controlplane.api import (
     tokens,
 )
 from controlplane.api.body_limit import RequestBodyLimit
-from controlplane.api.deps import AppContext
+from controlplane.api.deps import AppContext, finite_numbers
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
 from controlplane.auth import AgentTokenCache
@@ -118,6 +118,8 @@ def create_app(
         version="1",
         description="Fleet of GPU hosts serving MoE block-diffusion LMs. Bearer tokens.",
         lifespan=lifespan,
+        # Every body, whatever its route: JSON numbers must be finite.
+        dependencies=[Depends(finite_numbers)],
     )
     app.state.ctx = ctx
     app.state.controllers = controllers

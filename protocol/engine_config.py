@@ -39,8 +39,18 @@ class ServeConfigError(ValueError):
     """A configuration the server cannot start with; the message is one line naming the key."""
 
 
+# Bounds of what one engine can hold: tokens of a sequence (a block, its steps), requests
+# waiting, bytes of a request body, CPU threads.
+MAX_TOKENS = 2**20
+MAX_QUEUE = 1_000_000
+MAX_BODY_BYTES = 2**30
+MAX_THREADS = 4096
+TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # A number that is not finite (YAML's .inf, JSON's Infinity) is no setting of any key.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ServiceTuning(_Section):
@@ -49,12 +59,12 @@ class ServiceTuning(_Section):
     # Requests decoded together (the engine's batch slots); more wait in the queue.
     max_concurrent_requests: Annotated[int, Field(ge=1, le=4096)] = 32
     # Requests allowed to wait for a slot; beyond it the server answers 429.
-    max_queue: Annotated[int, Field(ge=0)] = 256
+    max_queue: Annotated[int, Field(ge=0, le=MAX_QUEUE)] = 256
     request_timeout_s: Annotated[float, Field(gt=0)] = 120.0
     # On SIGTERM, running requests get this long to finish before they are aborted.
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
     # Larger request bodies are refused (413) before they are read or parsed.
-    max_body_bytes: Annotated[int, Field(ge=1024)] = 16 * 2**20
+    max_body_bytes: Annotated[int, Field(ge=1024, le=MAX_BODY_BYTES)] = 16 * 2**20
 
 
 class ServiceConfig(ServiceTuning):
@@ -92,16 +102,16 @@ class ModelTuning(_Section):
 
     served_name: str | None = None
     dtype: Literal["fp32", "bf16", "fp16", "auto"] = "bf16"
-    max_seq_len: Annotated[int, Field(ge=1)] = 4096
+    max_seq_len: TokenCount = 4096
     # None: the checkpoint's own block size.
-    block_size: Annotated[int, Field(ge=1)] | None = None
+    block_size: TokenCount | None = None
     threshold: Annotated[float, Field(gt=0, le=1)] = 0.9
     # Steps mode by default (every block in exactly this many steps; capped at a request's
     # block size); None keeps threshold mode. A request that sets `steps` or `threshold`
     # chooses its own mode.
-    steps: Annotated[int, Field(ge=1)] | None = None
-    min_steps: Annotated[int, Field(ge=1)] = 1
-    max_steps: Annotated[int, Field(ge=1)] | None = None
+    steps: TokenCount | None = None
+    min_steps: TokenCount = 1
+    max_steps: TokenCount | None = None
     thinking: bool = False
     # On a CPU without native bf16/fp16 matmuls the engine computes in fp32. "stored" keeps the
     # weights as the checkpoint stores them and widens each one per matmul; "compute" widens
@@ -151,7 +161,7 @@ class ResourcesConfig(_Section):
 
     device: str = "auto"
     memory_fraction: Annotated[float, Field(gt=0, le=1)] = 0.85
-    threads: Annotated[int, Field(ge=1)] | None = None
+    threads: Annotated[int, Field(ge=1, le=MAX_THREADS)] | None = None
 
     @field_validator("device")
     @classmethod

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -92,14 +92,12 @@ class RouteTable(ApiModel):
 # --- traffic reports ---------------------------------------------------------------------------
 
 
-Count = int
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 def _check_buckets(value: list[int]) -> list[int]:
     if len(value) != BUCKET_COUNT:
         raise ValueError(f"must have {BUCKET_COUNT} buckets (LATENCY_BUCKETS_S and +Inf)")
-    if any(v < 0 or v > MAX_COUNT for v in value):
-        raise ValueError(f"bucket counts must be between 0 and {MAX_COUNT}")
     return value
 
 
@@ -112,15 +110,15 @@ class TrafficCounts(ApiModel):
     cumulative) over `LATENCY_BUCKETS_S` plus a last +Inf bucket.
     """
 
-    requests: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    errors_5xx: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    errors_timeout: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    errors_connect: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    client_4xx: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    output_tokens: Count = Field(default=0, ge=0, le=MAX_COUNT)
-    latency_buckets: list[int] = Field(default_factory=lambda: [0] * BUCKET_COUNT)
+    requests: Count = 0
+    errors_5xx: Count = 0
+    errors_timeout: Count = 0
+    errors_connect: Count = 0
+    client_4xx: Count = 0
+    output_tokens: Count = 0
+    latency_buckets: list[Count] = Field(default_factory=lambda: [0] * BUCKET_COUNT)
     latency_sum_s: float = Field(default=0.0, ge=0)
-    ttft_buckets: list[int] = Field(default_factory=lambda: [0] * BUCKET_COUNT)
+    ttft_buckets: list[Count] = Field(default_factory=lambda: [0] * BUCKET_COUNT)
     ttft_sum_s: float = Field(default=0.0, ge=0)
 
     _buckets = field_validator("latency_buckets", "ttft_buckets")(_check_buckets)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from itertools import pairwise
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -25,6 +25,8 @@ Verdict = Literal["pass", "fail", "inconclusive"]
 # The plan when none is given: the --canary weight, then these, the last always 100.
 DEFAULT_LATER_STEPS = (50, 100)
 MAX_STEPS = 20
+# A step's weight: the percent of requests the canary gets.
+StepWeight = Annotated[int, Field(ge=1, le=100)]
 
 
 class RolloutCreate(ApiModel):
@@ -38,7 +40,7 @@ class RolloutCreate(ApiModel):
         default=None, description="the canary's engine config (the whole document)"
     )
     canary: int = Field(default=10, ge=1, le=99, description="first step's weight, percent")
-    steps: list[int] | None = Field(
+    steps: list[StepWeight] | None = Field(
         default=None, description="the weights, rising, the last 100 (overrides canary)"
     )
     surge: int = Field(default=0, ge=0, le=64, description="extra canary instances allowed")
@@ -56,8 +58,6 @@ class RolloutCreate(ApiModel):
             return None
         if not steps or len(steps) > MAX_STEPS:
             raise ValueError(f"steps needs 1 to {MAX_STEPS} weights")
-        if any(not 1 <= w <= 100 for w in steps):
-            raise ValueError("every step weight is a percent from 1 to 100")
         if any(b <= a for a, b in pairwise(steps)):
             raise ValueError(f"step weights must rise: {steps}")
         if steps[-1] != 100:

@@ -106,9 +106,10 @@ CheckStatus = Literal["pass", "warn", "fail"]
 
 
 class WireModel(BaseModel):
-    """Base of every wire message: unknown fields are ignored for forward compatibility."""
+    """Base of every wire message: unknown fields are ignored for forward compatibility, and
+    numbers must be finite (a NaN or an Infinity cannot be stored, compared or sent on)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 # --- weight snapshots --------------------------------------------------------------------------
@@ -322,7 +323,7 @@ class GpuStatus(WireModel):
     temperature_c: float | None = Field(default=None, ge=-50, le=200)
     power_w: float | None = Field(default=None, ge=0)
     power_limit_w: float | None = Field(default=None, ge=0)
-    ecc_uncorrectable: int | None = Field(default=None, ge=0)
+    ecc_uncorrectable: int | None = Field(default=None, ge=0, le=BYTES_MAX)
     persistence_mode: bool | None = None
     compute_capability: PlainText | None = Field(default=None, max_length=16)
 
@@ -330,8 +331,8 @@ class GpuStatus(WireModel):
 class ExitInfo(WireModel):
     """How an engine process last ended."""
 
-    code: int | None = None
-    signal: int | None = None
+    code: int | None = Field(default=None, ge=-INT32_MAX - 1, le=INT32_MAX)
+    signal: int | None = Field(default=None, ge=0, le=255)
     reason: PlainText = Field(default="", max_length=1000)
     at: datetime | None = None
 

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
@@ -29,6 +30,7 @@ from controlplane.hosthealth import HostHealthMonitor
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.ratelimit import RegistrationRateLimit
 from controlplane.settings import ControlPlaneSettings
+from protocol.api_model import non_finite_number
 
 
 @dataclass
@@ -61,6 +63,26 @@ def get_session(ctx: ContextDep) -> Iterator[Session]:
 
 
 SessionDep = Annotated[Session, Depends(get_session)]
+
+
+async def finite_numbers(request: Request) -> None:
+    """422 naming the field for a JSON body with a number that is not finite, wherever it is.
+
+    App-wide (`create_app`): it runs after FastAPI parsed the body (the parse is cached) and
+    before any field is validated, so a free-form value (engine_config) is held to it too.
+    """
+    if "json" not in request.headers.get("content-type", "") or not await request.body():
+        return
+    try:
+        document = await request.json()
+    except ValueError:
+        return  # not JSON: the route's own body parsing answers that
+    path = non_finite_number(document)
+    if path is not None:
+        raise RequestValidationError(
+            [{"type": "finite_number", "loc": ("body", *path),
+              "msg": "Input should be a finite number (not NaN, Infinity or beyond 1.8e308)"}]
+        )  # fmt: skip
 
 
 def _authenticate(

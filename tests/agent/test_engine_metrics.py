@@ -38,6 +38,22 @@ def test_parse_separates_counters_histograms_and_gauges() -> None:
     assert not any("expert" in key for key in scrape.counters)
 
 
+def test_samples_that_are_not_finite_stay_out_of_the_heartbeat() -> None:
+    # The control plane refuses NaN and Infinity in a heartbeat: one such gauge of an engine
+    # (any engine: the agent runs other engines' commands too) must not stop them all.
+    engine = FakeEngine()
+    engine.running.set(float("nan"))
+    engine.tokens.inc(3)
+    odd = Gauge("dllm_kv_headroom", "g", registry=engine.registry)
+    odd.set(float("inf"))
+    tracker = EngineMetricsTracker()
+    tracker.record(1, engine.text())
+    [delta] = tracker.deltas()
+    assert "dllm_requests_running" not in delta.gauges
+    assert "dllm_kv_headroom" not in delta.gauges
+    assert delta.counters["dllm_generated_tokens_total"] == 3
+
+
 def test_deltas_accumulate_until_acknowledged_and_survive_engine_restart() -> None:
     engine = FakeEngine()
     tracker = EngineMetricsTracker()
