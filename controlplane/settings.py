@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from protocol import paths
 from protocol.monitoring import host_port, is_wildcard
@@ -16,6 +15,7 @@ from protocol.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,
+    ModelRoots,
     SettingsError,
     http_url,
 )
@@ -51,28 +51,11 @@ class ControlPlaneSettings(FileBackedSettings):
     public_url: str | None = Field(default=None, max_length=512)
     # Directories local model sources must lie in (empty: anywhere). The file route serves only
     # files whose content matches the manifest either way; the roots also bound *where* from.
-    model_roots: Annotated[tuple[Path, ...], NoDecode] = ()
+    model_roots: ModelRoots = ()
     # Rollout webhooks (`notify`) may go to loopback, link-local, private and unique-local
     # addresses: off, since the control plane would send them from inside the network (cloud
     # metadata at 169.254.169.254, admin ports on 127.0.0.1) on an operator's word.
     notify_allow_private: bool = False
-
-    @field_validator("model_roots", mode="before")
-    @classmethod
-    def _roots_from_text(cls, value: Any) -> Any:
-        # The env var is a PATH-style list (`DCTL_MODEL_ROOTS=/srv/models:/data/ckpt`).
-        if isinstance(value, str):
-            return tuple(item.strip() for item in value.split(os.pathsep) if item.strip())
-        return value
-
-    @field_validator("model_roots")
-    @classmethod
-    def _absolute_roots(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
-        for root in value:
-            if not root.is_absolute():
-                raise ValueError(f"{str(root)!r} is not an absolute directory")
-        # Canonical, so `dctl model register` (which sends resolved paths) matches them.
-        return tuple(root.resolve() for root in value)
 
     @field_validator("public_url")
     @classmethod
