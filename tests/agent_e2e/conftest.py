@@ -143,6 +143,8 @@ def _isolated_env(home: Path) -> dict[str, str]:
         XDG_DATA_HOME=str(home / "data"),
         DCTL_DATA_DIR=str(home / "cp"),
         DCTL_HEARTBEAT_INTERVAL_S="1",
+        # test_secrets_in_logs plants a rollout webhook whose receiver listens on loopback.
+        DCTL_NOTIFY_ALLOW_PRIVATE="true",
     )
     return env
 
