@@ -164,9 +164,9 @@ def boot_stack(home: Path, host: str) -> Stack:
     assert token
     api = ControlPlaneClient(url, token)
     first, last = free_range()
+    # The checkpoints the tests register are under HOME: the agent copies them from disk.
     agent_args = ["--control-plane", url, "--data-dir", str(home / "agent-data"),
                   "--name", host, "--ports", f"{first}-{last}", "--gpu-backend", "fake",
-    # The checkpoints the tests register are under HOME: the agent copies them from disk.
                   "--fake-gpus", "2xH200", "--metrics-port", "0", "--startup-grace-s", "120",
                   "--allow-root", "--model-root", str(home)]  # fmt: skip
     return Stack(home, env, url, token, api, agent_args, logs, boot.server, server_port=port)
