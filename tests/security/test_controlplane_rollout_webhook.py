@@ -24,7 +24,9 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlmodel import Session
 
+from controlplane.models import Event
 from controlplane.rollouts.controller import RolloutController
 from controlplane.rollouts.notify import Notifier
 from protocol.logs import configure_logging
@@ -134,6 +136,28 @@ def test_viewers_and_operators_see_only_the_webhooks_scheme_and_host(
     back = {"rollout_policy": {"notify": shown}}
     refused = live.call("PATCH", f"{V}/deployments/web", operator, json=back)
     assert refused.status_code == 422 and "give the whole URL" in refused.text
+
+
+def test_events_written_before_the_fix_show_viewers_no_whole_webhook_url(
+    live: LiveControlPlane,
+) -> None:
+    # An event log from before: the policy change and a failed delivery with the whole URL.
+    with Session(live.engine) as session:
+        session.add(Event(time=live.clock(), actor="admin", kind="deployment.updated",
+                          subject="deployment/web", message=f"notify set to {SECRET_HOOK}",
+                          data={"rollout_policy": {"notify": SECRET_HOOK}}))  # fmt: skip
+        session.add(Event(time=live.clock(), actor="controller", kind="rollout.notify_failed",
+                          subject="deployment/web", data={"url": [SECRET_HOOK]},
+                          message=f"webhook {SECRET_HOOK}: 500"))  # fmt: skip
+        session.commit()
+    for token in (live.token("viewer"), live.token("operator")):
+        seen = live.call("GET", f"{V}/events", token)
+        assert seen.status_code == 200
+        assert [s for s in HOOK_SECRETS if s in seen.text] == []
+        (updated,) = [e for e in seen.json()["items"] if e["kind"] == "deployment.updated"]
+        assert updated["data"] == {"rollout_policy": {"notify": "https://hooks.example.com/…"}}
+    # The admin's audit log keeps what happened.
+    assert live.call("GET", f"{V}/events", live.admin).text.count(SECRET_HOOK) == 4
 
 
 def test_no_log_line_carries_the_webhooks_password_or_query(tmp_path: Path) -> None:
