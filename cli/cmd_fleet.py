@@ -73,6 +73,7 @@ TOKEN_COLUMNS: list[Column] = [
     ("host", "host"),
     ("expires", "expires_at"),
     ("uses left", "uses_left"),
+    ("grants", "grants"),
     ("last used", "last_used_at"),
     ("revoked", "revoked_at"),
 ]
@@ -385,7 +386,21 @@ def token_list(
     """List tokens, never their secrets (admin)."""
     with connect() as api:
         tokens = [plain(t) for t in api.list_tokens(include_revoked=show_all)]
+    if not as_json:
+        for token in tokens:
+            token["grants"] = _grants(token)
     emit(tokens, as_json=as_json, columns=TOKEN_COLUMNS, empty="no tokens")
+
+
+def _grants(token: dict[str, Any]) -> str:
+    """What a token may do beyond its role, in one cell: `pool-pin, max 8, tier=prod, web,chat`."""
+    parts = ["pool-pin"] if token.get("allow_pool_pin") else []
+    if token.get("max_concurrency") is not None:
+        parts.append(f"max {token['max_concurrency']}")
+    parts += [f"{k}={v}" for k, v in sorted((token.get("labels") or {}).items())]
+    if token.get("deployments") is not None:
+        parts.append(",".join(token["deployments"]) or "no deployments")
+    return ", ".join(parts)
 
 
 @token_app.command("revoke")

@@ -407,7 +407,10 @@ def list_events(
 
 def create_token(spec: TokenCreate) -> Call[TokenCreated]:
     """Create an API token (admin); the answer holds the secret, never shown again."""
-    return Call("POST", f"{API}/tokens", one(TokenCreated), json=spec.model_dump(mode="json"))
+    # Fields left at their defaults are not sent: a control plane from before a grant existed
+    # (`allow_pool_pin`, `labels`) still takes an ordinary token.
+    body = spec.model_dump(mode="json", exclude_defaults=True)
+    return Call("POST", f"{API}/tokens", one(TokenCreated), json=body)
 
 
 def list_tokens(*, include_revoked: bool = False) -> Call[list[TokenOut]]:

@@ -335,6 +335,14 @@ def test_token_secret_is_shown_once_and_roles_are_enforced(dctl: Dctl, server: S
     assert "reader" in ok(dctl("token", "list", "--all")).stdout
 
 
+def test_token_list_shows_what_each_token_may_do_beyond_its_role(dctl: Dctl) -> None:
+    ok(dctl("token", "create", "smoke", "--role", "client", "--allow-pool-pin",
+            "--max-concurrency", "8"))  # fmt: skip
+    ok(dctl("token", "create", "rack", "--role", "bootstrap", "--labels", "tier=prod"))
+    rows = {line.split()[1]: line for line in ok(dctl("token", "list")).stdout.splitlines()[1:]}
+    assert "pool-pin, max 8" in rows["smoke"] and "tier=prod" in rows["rack"]
+
+
 @pytest.mark.parametrize(
     "args",
     [

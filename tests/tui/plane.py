@@ -159,7 +159,11 @@ class Plane:
     def _register(self, name: str, snapshots: list[str], **agent: Any) -> FakeAgent:
         # The operator's labels come with the bootstrap token (an agent's own are only reported).
         secret = self._token(f"boot-{name}", "bootstrap", uses=1, labels={"zone": "a"})
-        body = {"name": name, "advertise_address": "127.0.0.1"}
+        body = {
+            "name": name,
+            "advertise_address": "127.0.0.1",
+            "labels": {"zone": "a", "gpu": "h9"},
+        }
         with ControlPlaneClient(self.url, secret) as boot:
             reply = boot.send(calls.request("POST", "/api/v1/agents/register", json=body))
         return FakeAgent(name, ControlPlaneClient(self.url, reply["agent_token"]), snapshots,

@@ -102,7 +102,10 @@ async def test_hosts_table_and_host_detail(plane: Plane) -> None:
         assert column(gpus, 6) == ["N/A", "N/A"]  # gpu-2's driver reports no power
         assert "%" in gpus.cell_text("0", 2)
         assert table(app, "#instances").row_count == 1
-        assert "driver" in text(app, "#facts")
+        facts = text(app, "#facts")
+        assert "driver" in facts and "labels zone=a" in facts
+        # The agent's own label is shown apart, with the command that would make it count.
+        assert "reported, not adopted gpu=h9  (dctl host label gpu-2 --adopt)" in facts
         await pilot.press("escape")
         await until(pilot, "the hosts view", lambda: isinstance(app.screen, HostsScreen))
 

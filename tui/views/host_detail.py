@@ -46,6 +46,12 @@ def facts_text(host: HostOut, now: Any) -> Text:
         )
     if host.labels:
         text.append("\nlabels " + ", ".join(f"{k}={v}" for k, v in sorted(host.labels.items())))
+    # What the agent reports counts for no placement until adopted: say so beside the real ones.
+    pending = {k: v for k, v in host.reported_labels.items() if host.labels.get(k) != v}
+    if pending:
+        text.append("\nreported, not adopted ", style="dim")
+        text.append(", ".join(f"{k}={v}" for k, v in sorted(pending.items())), style="dim")
+        text.append(f"  (dctl host label {host.name} --adopt)", style="dim")
     return text
 
 
