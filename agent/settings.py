@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import logging
 import stat
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
+    BaseSettings,
     NoDecode,
+    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
@@ -49,7 +52,13 @@ from protocol.settings import (
 from protocol.tls import TlsError, check_server_files, client_context
 from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
 
-__all__ = ["ENV_PREFIX", "AgentSettings", "SettingsError", "load_agent_settings"]
+__all__ = [
+    "ENV_PREFIX",
+    "AgentSettings",
+    "SettingsError",
+    "check_agent_config",
+    "load_agent_settings",
+]
 
 log = logging.getLogger("dctl.agent")
 ENV_PREFIX = "DCTL_AGENT_"
@@ -232,6 +241,40 @@ class AgentSettings(FileBackedSettings):
             log.warning("bootstrap token file %s is readable by others (mode %o): chmod 600 it",
                         path, mode)  # fmt: skip
         return token
+
+
+def check_agent_config(text: str) -> None:
+    """Check TEXT is a config file the agent accepts; ValueError naming the bad key if not.
+
+    Only the text counts: unlike `dctl agent`, this reads no env var and no other file (provisioning
+    checks the agent.toml it writes for another host with it).
+    """
+    try:
+        table = tomllib.loads(text).get("agent")
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"agent config is not valid TOML: {exc}") from None
+    if not isinstance(table, dict):
+        raise ValueError("agent config has no [agent] table")
+    try:
+        _TextOnlySettings(**table)
+    except ValidationError as exc:
+        raise ValueError(describe_agent_error(exc)) from None
+
+
+class _TextOnlySettings(AgentSettings):
+    """AgentSettings that read only their arguments: the env and config file of this machine
+    say nothing about the remote host's."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
 
 
 def describe_agent_error(exc: ValidationError) -> str:

@@ -33,9 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cli.provision.wheel import running_wheel  # noqa: E402
 from client.credentials import CredentialsFile  # noqa: E402
 from client.http import ControlPlaneClient  # noqa: E402
+from provision.wheel import running_wheel  # noqa: E402
 from tests.sshd import SshServer, client_key, sshd_available, user_exists  # noqa: E402
 
 DCTL = [sys.executable, "-m", "cli"]

@@ -1,7 +1,7 @@
 """`dctl doctor [DEPLOYMENT | --host H] [--json]`: what is wrong with the fleet, and the fix.
 
 Reads live state and the last minutes of samples from the control plane, runs the rules of
-`cli.doctor` over them and prints the findings, errors first. Exit 0 when no finding is an
+`doctor` over them and prints the findings, errors first. Exit 0 when no finding is an
 error, 1 when one is, 2 on a usage error (an unknown deployment or host among them).
 """
 
@@ -18,7 +18,7 @@ from cli.remote import connect
 from protocol.plain_text import printable
 
 if TYPE_CHECKING:
-    from cli.doctor import Finding
+    from doctor import Finding
 
 
 def render(findings: list[Finding]) -> str:
@@ -41,9 +41,9 @@ def doctor(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Diagnose the fleet: load failures, overflow and timeouts, slow generation, hardware."""
-    from cli.doctor import diagnose, has_error
-    from cli.doctor.collect import collect
     from client.errors import ClientError
+    from doctor import diagnose, has_error
+    from doctor.collect import collect
 
     with connect() as api:
         try:

@@ -1,8 +1,8 @@
 """`dctl gateway`: the fleet's OpenAI-compatible front door (stable/canary pools by weight).
 
-Every setting comes from `controlplane.gateway.settings` (defaults < `[gateway]` table of the
-config file < `DCTL_GATEWAY_*` env < these flags); a flag left out here is None and does not
-override. The gateway is imported inside the command, so `dctl --help` stays light.
+An adapter: flags -> `gateway.settings` (defaults < `[gateway]` table of the config file <
+`DCTL_GATEWAY_*` env < these flags; a flag left out here is None and does not override) ->
+`gateway.main.run`. The gateway is imported inside the command, so `dctl --help` stays light.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def gateway(
     ),
 ) -> None:
     """Run the gateway: OpenAI API in front of every deployment, canary by weight, metrics."""
-    from controlplane.gateway.serve import run
-    from controlplane.gateway.settings import SettingsError, load_gateway_settings
+    from gateway.main import run
+    from gateway.settings import SettingsError, load_gateway_settings
 
     try:
         settings = load_gateway_settings(

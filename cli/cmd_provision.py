@@ -1,6 +1,6 @@
 """`dctl host provision` / `dctl host deprovision`: bare hosts into fleet members over SSH.
 
-The work is in `cli.provision`; this module parses flags, runs hosts in parallel (one at a time
+The work is in `provision`; this module parses flags, runs hosts in parallel (one at a time
 with --upgrade: each is drained while it is replaced), prints the table and sets the exit code.
 Every remote command goes to a log file (secrets masked) whose path is printed at the end.
 """
@@ -24,8 +24,8 @@ from cli.remote import connect
 from protocol import paths
 
 if TYPE_CHECKING:
-    from cli.provision.inventory import HostSpec
-    from cli.provision.provisioner import Outcome, RunOptions
+    from provision.inventory import HostSpec
+    from provision.provisioner import Outcome, RunOptions
 
 OUTCOME_COLUMNS: list[Column] = [
     ("HOST", "host"),
@@ -72,12 +72,12 @@ def provision(
 ) -> None:
     """Provision hosts over SSH: install dctl, configure and start the agent, wait until it
     registers, print each host's preflight verdict (admin)."""
-    from cli.provision.inventory import InventoryError
-    from cli.provision.provisioner import RunOptions
-    from cli.provision.ssh import ProvisionError
-    from cli.provision.wheel import running_wheel, wheelhouse_files
     from client.credentials import CredentialsError, resolve
     from protocol.durations import parse_duration
+    from provision.inventory import InventoryError
+    from provision.provisioner import RunOptions
+    from provision.ssh import ProvisionError
+    from provision.wheel import running_wheel, wheelhouse_files
 
     if (target is None) == (hosts_file is None):
         fail("give one USER@HOST[:PORT] or -f HOSTS.yaml", USAGE)
@@ -146,15 +146,15 @@ def _specs(
     extras: str,
     settings: list[str],
 ) -> list[HostSpec]:
-    from cli.provision.inventory import (
+    from agent.settings import check_agent_config
+    from provision.inventory import (
         HostSpec,
         load_hosts,
         parse_extras,
         parse_labels,
         parse_setting,
     )
-    from cli.provision.layout import check_agent_config
-    from cli.provision.target import SshTarget
+    from provision.target import SshTarget
 
     base = HostSpec(
         target=SshTarget.parse(target) if target else SshTarget("root", "placeholder"),
@@ -170,7 +170,7 @@ def _specs(
         settings=dict(parse_setting(s) for s in settings),
     )
     specs = load_hosts(hosts_file, base) if hosts_file else [base]
-    from cli.provision.layout import Layout, agent_config
+    from provision.layout import Layout, agent_config
 
     for spec in specs:
         # Every host's agent.toml is checked here, before anything connects anywhere.
@@ -188,11 +188,11 @@ def _specs(
 
 
 def _provision_one(spec: HostSpec, options: RunOptions, log: logging.Logger) -> Outcome:
-    from cli.provision.fleet import ApiFleet
-    from cli.provision.provisioner import HostProvisioner, Outcome
     from client.credentials import resolve
     from client.errors import ClientError
     from client.http import ControlPlaneClient
+    from provision.fleet import ApiFleet
+    from provision.provisioner import HostProvisioner, Outcome
 
     # One client per thread: each host waits on the control plane on its own.
     try:
@@ -205,7 +205,7 @@ def _provision_one(spec: HostSpec, options: RunOptions, log: logging.Logger) -> 
 def _report(
     outcomes: list[Outcome], options: RunOptions, specs: list[HostSpec], context_url: str
 ) -> None:
-    from cli.provision.registry import ProvisionedHost, Registry
+    from provision.registry import ProvisionedHost, Registry
 
     registry = Registry()
     for outcome, spec in zip(outcomes, specs, strict=True):
@@ -253,12 +253,12 @@ def deprovision(
 ) -> None:
     """Stop host NAME's agent, remove what provisioning installed (weight snapshots stay
     unless --purge) and remove the host from the control plane (admin)."""
-    from cli.provision.fleet import ApiFleet
-    from cli.provision.registry import Registry
-    from cli.provision.removal import deprovision as remove_host
-    from cli.provision.ssh import ProvisionError, SshOptions
     from client.credentials import CredentialsError, resolve
     from client.http import ControlPlaneClient
+    from provision.fleet import ApiFleet
+    from provision.registry import Registry
+    from provision.removal import deprovision as remove_host
+    from provision.ssh import ProvisionError, SshOptions
 
     try:
         context = resolve()

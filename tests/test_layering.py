@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("protocol", "client", "cli", "controlplane", "agent", "engine", "tui")
+PARTS = (
+    "protocol", "client", "cli", "controlplane", "gateway", "agent", "engine", "tui", "provision",
+    "doctor",
+)  # fmt: skip
 # What each part may import of the project (itself always). `cli` is the composition root.
 ALLOWED: dict[str, set[str]] = {
     "protocol": set(),
@@ -17,17 +21,33 @@ ALLOWED: dict[str, set[str]] = {
     "agent": {"protocol"},
     # alembic's migrations belong to the control plane's store.
     "controlplane": {"protocol", "migrations"},
+    # Their own processes and tools: they reach the control plane over its REST API only.
+    "gateway": {"protocol", "client"},
+    "provision": {"protocol", "client"},
+    "doctor": {"protocol", "client"},
     "tui": {"protocol", "client"},
     "cli": set(PARTS) | {"migrations"},
 }
-# The gateway lives in the control plane's folder but is its own stateless process: it talks to
-# the control plane through the REST client only, and nothing else of the control plane may
-# lean on it (nor it on the store or the API's frameworks).
-GATEWAY = "controlplane.gateway"
-GATEWAY_ALLOWED = {"protocol", "client"}
-GATEWAY_FORBIDDEN_THIRD_PARTY = {"sqlmodel", "sqlalchemy", "fastapi", "torch", "alembic"}
-# Besides the standard library, the contracts use pydantic (+ pydantic-settings) and PyYAML.
-PROTOCOL_THIRD_PARTY = {"pydantic", "pydantic_settings", "pydantic_core", "yaml"}
+# Third-party packages a part must stay importable without: the store and the servers' frameworks
+# stay out of what runs without them, and only tui (and cli, which starts it) imports textual.
+_STORE_AND_SERVERS = {"sqlmodel", "sqlalchemy", "alembic", "fastapi", "torch"}
+FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
+    "protocol": {"textual"},
+    "client": _STORE_AND_SERVERS | {"textual"},
+    "engine": {"textual"},
+    "agent": {"textual"},
+    "controlplane": {"textual"},
+    "gateway": _STORE_AND_SERVERS | {"textual"},
+    "provision": _STORE_AND_SERVERS | {"textual"},
+    "doctor": _STORE_AND_SERVERS | {"textual"},
+    "tui": _STORE_AND_SERVERS,
+    "cli": set(),
+}
+# Parts that may import no third-party package but these (the standard library always): the
+# contracts use pydantic (+ pydantic-settings) and PyYAML.
+ONLY_THIRD_PARTY: dict[str, set[str]] = {
+    "protocol": {"pydantic", "pydantic_settings", "pydantic_core", "yaml"},
+}
 
 
 def imports_of(path: Path, root: Path = ROOT) -> set[str]:
@@ -58,33 +78,19 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
     return found
 
 
-def violations(part: str, module: str, imported: str) -> str | None:
-    """Why `module` (in `part`) may not import `imported`, or None when it may."""
-    import sys
-
+def violations(part: str, imported: str) -> str | None:
+    """Why a module of `part` may not import `imported`, or None when it may."""
     top = imported.split(".")[0]
-    in_gateway = module == GATEWAY or module.startswith(GATEWAY + ".")
-    imports_gateway = imported == GATEWAY or imported.startswith(GATEWAY + ".")
-    if in_gateway:
-        if top == "controlplane" and not imports_gateway:
-            return "the gateway imports only protocol and client of the project"
-        if top in {*PARTS, "migrations"} and top not in GATEWAY_ALLOWED | {"controlplane"}:
-            return "the gateway imports only protocol and client of the project"
-        if top in GATEWAY_FORBIDDEN_THIRD_PARTY:
-            return "the gateway stays free of the store, FastAPI and torch"
-        return None
-    if imports_gateway and part != "cli":
-        return "only cli starts the gateway; the control plane never imports it"
-    if top == "textual" and part not in {"tui", "cli"}:
-        return "only tui imports textual"
-    if top in {*PARTS, "migrations"} and top != part and top not in ALLOWED[part]:
+    if top in {*PARTS, "migrations"}:
+        if top == part or top in ALLOWED[part]:
+            return None
         allowed = ", ".join(sorted(ALLOWED[part])) or "nothing"
         return f"{part} imports only {allowed} of the project, not {top}"
-    allowed_top = PROTOCOL_THIRD_PARTY | {"protocol", "__future__"}
-    if part == "protocol" and top not in allowed_top and top not in sys.stdlib_module_names:
-        return "protocol imports only pydantic, PyYAML and the standard library"
-    if part in {"client", "tui"} and top in {"sqlmodel", "sqlalchemy", "fastapi", "torch"}:
-        return f"{part} stays importable without sqlmodel, sqlalchemy, fastapi and torch"
+    if top in FORBIDDEN_THIRD_PARTY[part]:
+        return f"{part} stays importable without {top}"
+    only = ONLY_THIRD_PARTY.get(part)
+    if only is not None and top not in only and top not in sys.stdlib_module_names:
+        return f"{part} imports only the standard library and {', '.join(sorted(only))}"
     return None
 
 
@@ -94,7 +100,7 @@ def all_violations(root: Path = ROOT) -> list[str]:
         for path in sorted((root / part).rglob("*.py")):
             module = ".".join(path.relative_to(root).with_suffix("").parts)
             for imported in sorted(imports_of(path, root)):
-                reason = violations(part, module, imported)
+                reason = violations(part, imported)
                 if reason:
                     problems.append(f"{module} imports {imported}: {reason}")
     return problems
@@ -104,6 +110,11 @@ def test_the_tree_respects_the_layering() -> None:
     assert all_violations() == []
 
 
+def test_every_part_has_its_rules() -> None:
+    assert set(ALLOWED) == set(FORBIDDEN_THIRD_PARTY) == set(PARTS)
+    assert all((ROOT / part / "__init__.py").is_file() for part in PARTS)
+
+
 @pytest.mark.parametrize(
     ("relpath", "source", "reason"),
     [
@@ -111,24 +122,29 @@ def test_the_tree_respects_the_layering() -> None:
         ("engine/bad.py", "def f():\n    import controlplane.models\n", "engine imports only"),
         ("agent/bad.py", "from controlplane import models\n", "agent imports only protocol"),
         ("agent/bad.py", "from protocol.wire import Heartbeat\nimport engine\n", "not engine"),
+        ("agent/bad.py", "import provision\n", "not provision"),
         ("controlplane/bad.py", "def f():\n    from engine import LLM\n", "not engine"),
         ("controlplane/bad.py", "from cli import app\n", "not cli"),
-        ("controlplane/bad.py", "import textual\n", "only tui imports textual"),
-        ("protocol/wire.py", "import sqlalchemy\n", "only pydantic"),
+        ("controlplane/bad.py", "import textual\n", "controlplane stays importable without"),
+        ("controlplane/api/bad.py", "from gateway import app\n", "not gateway"),
+        ("protocol/wire.py", "import sqlalchemy\n", "imports only the standard library and"),
         ("protocol/bad.py", "from controlplane import models\n", "protocol imports only nothing"),
         ("client/bad.py", "import sqlmodel\n", "without sqlmodel"),
         ("client/bad.py", "from controlplane.models import Host\n", "client imports only"),
         ("tui/bad.py", "from controlplane import db\n", "tui imports only client, protocol"),
-        ("tui/bad.py", "import torch\n", "without sqlmodel"),
+        ("tui/bad.py", "import torch\n", "tui stays importable without torch"),
         ("agent/sub/bad.py", "from .. import x\nfrom ...controlplane import api\n", "only"),
-        (
-            "controlplane/gateway/bad.py",
-            "from controlplane import db\n",
-            "only protocol and client",
-        ),
-        ("controlplane/gateway/bad.py", "import sqlalchemy\n", "free of the store"),
-        ("controlplane/gateway/bad.py", "from agent import gpu\n", "only protocol and client"),
-        ("controlplane/api/bad.py", "from controlplane.gateway import app\n", "never imports it"),
+        ("gateway/bad.py", "from controlplane import db\n", "gateway imports only client"),
+        ("gateway/bad.py", "import sqlalchemy\n", "gateway stays importable without"),
+        ("gateway/bad.py", "from agent import gpu\n", "gateway imports only client, protocol"),
+        ("gateway/sub/bad.py", "from ...cli import output\n", "not cli"),
+        ("provision/bad.py", "from controlplane import models\n", "provision imports only client"),
+        ("provision/bad.py", "def f():\n    from agent.settings import X\n", "not agent"),
+        ("provision/bad.py", "from cli.exits import fail\n", "not cli"),
+        ("provision/bad.py", "import alembic\n", "provision stays importable without"),
+        ("doctor/bad.py", "from cli import output\n", "doctor imports only client, protocol"),
+        ("doctor/bad.py", "from gateway import routes\n", "not gateway"),
+        ("doctor/bad.py", "import fastapi\n", "doctor stays importable without"),
     ],
 )
 def test_a_forbidden_import_is_caught(
@@ -152,12 +168,17 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
     (tmp_path / "tui" / "ok.py").write_text("import textual\nfrom client import http\n")
     (tmp_path / "protocol" / "ok.py").write_text("import pydantic\nimport yaml\nimport json\n")
     (tmp_path / "controlplane" / "ok.py").write_text("import sqlmodel\nfrom protocol import wire\n")
-    (tmp_path / "controlplane" / "gateway").mkdir()
-    (tmp_path / "controlplane" / "gateway" / "ok.py").write_text(
+    (tmp_path / "gateway" / "ok.py").write_text(
         "import httptools\nfrom client.http import AsyncControlPlaneClient\n"
-        "from controlplane.gateway import routes\nfrom . import balancer\n"
+        "from gateway import routes\nfrom . import balancer\nfrom protocol.gateway import Pool\n"
     )
-    (tmp_path / "cli" / "gw.py").write_text(
-        "def f():\n    from controlplane.gateway import serve\n"
+    (tmp_path / "provision" / "ok.py").write_text(
+        "import paramiko\nfrom client.http import ControlPlaneClient\nfrom .ssh import Remote\n"
+    )
+    (tmp_path / "doctor" / "ok.py").write_text(
+        "from client import calls\nfrom protocol import rest\n"
+    )
+    (tmp_path / "cli" / "parts.py").write_text(
+        "def f():\n    from gateway import main\n    import provision.ssh\n    import doctor\n"
     )
     assert all_violations(tmp_path) == []

@@ -1,7 +1,7 @@
 """The dctl fleet dashboard: fleet, GPUs, engine, diffusion, gateway by version, rollouts.
 
 Every query uses the series our parts export (`engine/metrics.py`, `agent/metrics.py`,
-`controlplane/metrics.py`, `controlplane/gateway/metrics.py`) and the target labels
+`controlplane/metrics.py`, `gateway/metrics.py`) and the target labels
 `dctl metrics targets` attaches (`role`, `host`, `deployment`, `version`, `instance_id`).
 The rows live in `rows_*.py`; regenerate `dctl.json` with `python -m deploy.grafana`.
 """

@@ -61,7 +61,13 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
     where = subprocess.run(
-        [str(python), "-c", "import controlplane, migrations; print(migrations.__file__)"],
+        # The parts of their own (gateway, provision, doctor) ship too.
+        [
+            str(python),
+            "-c",
+            "import controlplane, gateway.main, provision.wheel, doctor, "
+            "migrations; print(migrations.__file__)",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from cli.doctor.findings import FleetSnapshot, Points
+from doctor.findings import FleetSnapshot, Points
 from protocol.rest import DeploymentOut, HostOut, InstanceOut, Placement, VersionOut
 from protocol.wire import ExitInfo, GpuStatus, HostFacts, MemoryPlan
 

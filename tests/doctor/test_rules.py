@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cli.doctor import diagnose, hardware, has_error, load, serving, uptime
-from cli.doctor.findings import FleetSnapshot, Points
+from doctor import diagnose, hardware, has_error, load, serving, uptime
+from doctor.findings import FleetSnapshot, Points
 from protocol.gateway import DeploymentTraffic, VersionTraffic
 from protocol.wire import HostFacts, MemoryPlan, PreflightCheck, SnapshotFailure
 from tests.doctor.builders import (

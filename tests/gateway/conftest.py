@@ -23,8 +23,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controlplane.gateway import Gateway, GatewaySettings, build_gateway
-from controlplane.gateway.serve import server_options
+from gateway import Gateway, GatewaySettings, build_gateway
+from gateway.main import server_options
 from tests.gateway.canned_engine import CannedEngine, LoopThread, refused_port
 from tests.uvicorn_thread import serve_in_thread
 

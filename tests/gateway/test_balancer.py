@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from controlplane.gateway.balancer import EJECT_MAX_S, Balancer
-from controlplane.gateway.routes import Instance, Route, RoutingTable
+from gateway.balancer import EJECT_MAX_S, Balancer
+from gateway.routes import Instance, Route, RoutingTable
 from protocol.gateway import RouteTable
 
 

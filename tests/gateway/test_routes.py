@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from client.errors import ClientError
-from controlplane.gateway.routes import Routes, RouteWatcher, RoutingTable
+from gateway.routes import Routes, RouteWatcher, RoutingTable
 from protocol.gateway import RouteTable
 
 

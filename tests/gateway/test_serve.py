@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from client.errors import ClientError
-from controlplane.gateway import GatewaySettings
+from gateway import GatewaySettings
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from protocol.monitoring import GatewayHeartbeat, GatewayOut
 from tests.gateway.canned_engine import refused_port
@@ -26,7 +26,7 @@ from tests.test_layering import ROOT
 
 _RUN = (
     "import sys; from pathlib import Path; "
-    "from controlplane.gateway import load_gateway_settings, run; "
+    "from gateway import load_gateway_settings, run; "
     "sys.exit(run(load_gateway_settings(None, routes_file=Path(sys.argv[1]), "
     "port=int(sys.argv[2]), log_format='json', shutdown_grace_s=10)))"
 )
@@ -34,7 +34,7 @@ _RUN = (
 
 def test_importing_the_gateway_loads_no_database_or_web_framework() -> None:
     code = (
-        "import sys, controlplane.gateway; heavy = ('sqlmodel', 'sqlalchemy', 'fastapi', 'torch'); "
+        "import sys, gateway; heavy = ('sqlmodel', 'sqlalchemy', 'fastapi', 'torch'); "
         "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

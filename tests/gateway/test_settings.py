@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.gateway import GatewaySettings, SettingsError, load_gateway_settings
+from gateway import GatewaySettings, SettingsError, load_gateway_settings
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from client.errors import ClientError
-from controlplane.gateway.traffic import (
+from gateway.traffic import (
     MAX_WINDOWS,
     TrafficReporter,
     TrafficWindows,

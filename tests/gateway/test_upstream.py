@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from controlplane.gateway.upstream import (
+from gateway.upstream import (
     ConnectFailed,
     Exchange,
     ExchangeBroken,

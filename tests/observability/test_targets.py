@@ -30,8 +30,8 @@ from controlplane import migrate
 from controlplane.app import create_app
 from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
-from controlplane.gateway.presence import GatewayPresence
 from controlplane.settings import ControlPlaneSettings
+from gateway.presence import GatewayPresence
 from tests.controlplane.conftest import gpu, manifest
 from tests.uvicorn_thread import serve_in_thread
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cli.provision.facts import (
+from provision.facts import (
     HostFacts,
     facts_script,
     hard_failures,
     parse_facts,
     run_facts,
 )
-from cli.provision.ssh import CommandResult, ProvisionError
+from provision.ssh import CommandResult, ProvisionError
 
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 # Free space moves while the tests run (other processes write): close is good enough.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.provision.inventory import (
+from provision.inventory import (
     HostSpec,
     InventoryError,
     load_hosts,
@@ -14,8 +14,8 @@ from cli.provision.inventory import (
     parse_labels,
     parse_setting,
 )
-from cli.provision.registry import ProvisionedHost, Registry
-from cli.provision.target import SshTarget
+from provision.registry import ProvisionedHost, Registry
+from provision.target import SshTarget
 
 BASE = HostSpec(target=SshTarget("root", "placeholder"), key_file=Path("/keys/id"))
 

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from agent.settings import AgentSettings
-from cli.provision.facts import HostFacts
-from cli.provision.layout import (
+from agent.settings import AgentSettings, check_agent_config
+from provision.facts import HostFacts
+from provision.layout import (
     SERVICE_USER,
     UNIT_NAME,
     Layout,
     agent_config,
-    check_agent_config,
     choose_layout,
     running_command,
     start_detached_command,

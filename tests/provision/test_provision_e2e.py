@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.provision.wheel import running_wheel
 from client.http import ControlPlaneClient
+from provision.wheel import running_wheel
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, stop_stack
 from tests.sshd import SshServer, user_exists
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.provision.ssh import (
+from provision.ssh import (
     CommandFailed,
     ConnectError,
     HostKeyError,
@@ -21,7 +21,7 @@ from cli.provision.ssh import (
     SshOptions,
     mask,
 )
-from cli.provision.target import SshTarget
+from provision.target import SshTarget
 from tests.sshd import SshServer, client_key
 
 # --- SshTarget ------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def test_put_file_and_read_text(remote: Remote, tmp_path: Path) -> None:
 def test_put_into_a_missing_folder_says_so_and_leaves_nothing(
     remote: Remote, tmp_path: Path
 ) -> None:
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     with pytest.raises(ProvisionError, match="check that its folder exists"):
         remote.put_bytes(b"x", str(tmp_path / "nowhere" / "f"))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.provision import wheel as wheel_module
-from cli.provision.ssh import ProvisionError
-from cli.provision.wheel import DctlWheel, running_wheel, wheel_digest, wheelhouse_files
+from provision import wheel as wheel_module
+from provision.ssh import ProvisionError
+from provision.wheel import DctlWheel, running_wheel, wheel_digest, wheelhouse_files
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 TINY_PYPROJECT = """\
@@ -122,7 +122,7 @@ def test_running_wheel_builds_dctl(built: tuple[DctlWheel, Path, float]) -> None
     assert wheel.digest == wheel_digest(wheel.path)
     with zipfile.ZipFile(wheel.path) as archive:
         names = set(archive.namelist())
-    assert "cli/provision/wheel.py" in names
+    assert {"provision/wheel.py", "gateway/main.py", "doctor/__init__.py"} <= names
     assert f"dctl-{wheel.version}.dist-info/entry_points.txt" in names
     assert not any(name.startswith("tests/") for name in names)
     assert not any(name.endswith(".pyc") for name in names)

@@ -21,9 +21,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from cli.provision.known_hosts import names_host
-from cli.provision.ssh import HostKeyError, Remote, SshOptions
-from cli.provision.target import SshTarget
+from provision.known_hosts import names_host
+from provision.ssh import HostKeyError, Remote, SshOptions
+from provision.target import SshTarget
 from tests.provision.conftest import ssh_client_key, sshd_pair
 from tests.sshd import SshServer, client_key, public_key
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cli.doctor import hardware, load, serving, uptime
-from cli.doctor.findings import SEVERITY_ORDER, Finding, FleetSnapshot
+from doctor import hardware, load, serving, uptime
+from doctor.findings import SEVERITY_ORDER, Finding, FleetSnapshot
 
 Rule = Callable[[FleetSnapshot], list[Finding]]
 # In the order of the troubleshooting chapter: load failures first, hardware last.

@@ -18,8 +18,8 @@ import hmac
 import math
 from collections.abc import Callable
 
-from controlplane.gateway.errors import GatewayError
-from controlplane.gateway.routes import ClientGrant, RoutingTable
+from gateway.errors import GatewayError
+from gateway.routes import ClientGrant, RoutingTable
 from protocol.tokens import hash_secret, key_id_of
 
 _NO_HASH = "0" * 64

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from cli.provision.ssh import Remote
+    from provision.ssh import Remote
 
 MIN_PYTHON = (3, 11)
 # Tried in this order when no --python is given; the first new enough one wins.
@@ -232,7 +232,7 @@ def _size(count: int) -> str:
 
 def run_facts(remote: Remote, prefix: str, python: str | None) -> HostFacts:
     """Run the facts script on REMOTE and parse what it printed (ProvisionError if garbled)."""
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     result = remote.run(facts_script(prefix, python), check=True, timeout_s=60)
     try:

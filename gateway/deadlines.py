@@ -26,7 +26,7 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from controlplane.gateway.errors import GatewayError
+from gateway.errors import GatewayError
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from cli.doctor.findings import Finding, FleetSnapshot, Points
+from doctor.findings import Finding, FleetSnapshot, Points
 from protocol.rest import DeploymentOut
 
 # Over the window, second-half mean vs first-half mean of latency, or GPU memory growth as a

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from controlplane.gateway.routes import Instance, Route, VersionPool
+from gateway.routes import Instance, Route, VersionPool
 from protocol.gateway import Pool
 
 EJECT_AFTER_FAILURES = 3

@@ -5,12 +5,12 @@ reads its routing table from the control plane (or a static file), sends each re
 instance of the named deployment (stable or canary by weight, least outstanding requests,
 passive health), streams the answer back, and reports what it served per version.
 
-It imports only `protocol`, `client` and third-party packages: nothing else of the control
-plane (no database, no FastAPI), so it starts fast and runs anywhere.
+It imports only `protocol`, `client` and third-party packages: nothing of the control plane
+(no database, no FastAPI), so it starts fast and runs anywhere. Its entry module is `main`.
 """
 
-from controlplane.gateway.serve import Gateway, build_gateway, run
-from controlplane.gateway.settings import GatewaySettings, SettingsError, load_gateway_settings
+from gateway.main import Gateway, build_gateway, run
+from gateway.settings import GatewaySettings, SettingsError, load_gateway_settings
 
 __all__ = [
     "Gateway",

@@ -10,24 +10,17 @@ Everything here is text: the caller runs the commands and uploads the files.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import posixpath
 import re
 import shlex
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from cli.provision.facts import HostFacts
-
-if TYPE_CHECKING:
-    from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
-
-    from agent.settings import AgentSettings
+from provision.facts import HostFacts
 
 Mode = Literal["system", "user"]
 SERVICE_USER = "dctl"
@@ -187,48 +180,6 @@ def agent_config(
     ]
     lines += [f"{_toml_key(key)} = {_toml_value(table[key])}" for key in sorted(table)]
     return "\n".join(lines) + "\n"
-
-
-def check_agent_config(text: str) -> None:
-    """Check TEXT is a config file the agent accepts; ValueError naming the bad key if not.
-
-    Only the text counts: unlike `dctl agent`, this reads no env var and no other file.
-    """
-    from pydantic import ValidationError
-
-    from agent.settings import describe_agent_error
-
-    try:
-        table = tomllib.loads(text).get("agent")
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"agent config is not valid TOML: {exc}") from None
-    if not isinstance(table, dict):
-        raise ValueError("agent config has no [agent] table")
-    try:
-        _text_only_settings()(**table)
-    except ValidationError as exc:
-        raise ValueError(describe_agent_error(exc)) from None
-
-
-@functools.cache
-def _text_only_settings() -> type[AgentSettings]:
-    """AgentSettings that read only their arguments: the env and config file of this machine
-    say nothing about the remote host's."""
-    from agent.settings import AgentSettings
-
-    class TextOnlySettings(AgentSettings):
-        @classmethod
-        def settings_customise_sources(
-            cls,
-            settings_cls: type[BaseSettings],
-            init_settings: PydanticBaseSettingsSource,
-            env_settings: PydanticBaseSettingsSource,
-            dotenv_settings: PydanticBaseSettingsSource,
-            file_secret_settings: PydanticBaseSettingsSource,
-        ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings,)
-
-    return TextOnlySettings
 
 
 def _toml_key(key: str) -> str:

@@ -5,7 +5,7 @@
 ProvisionError
 ├── HostKeyError     the host key is unknown (and not accepted), changed or revoked
 ├── ConnectError     unreachable, refused, timed out, or our credentials were not accepted
-└── CommandFailed    a remote command exited non-zero (cli.provision.ssh; has `.result`)
+└── CommandFailed    a remote command exited non-zero (provision.ssh; has `.result`)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import paramiko
 
-from cli.provision.target import SshTarget
+from provision.target import SshTarget
 
 
 class ProvisionError(Exception):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import shlex
 
-from cli.provision.facts import run_facts
-from cli.provision.fleet import Fleet, drain_and_wait
-from cli.provision.layout import SERVICE_USER, choose_layout, stop_command
-from cli.provision.registry import ProvisionedHost
-from cli.provision.ssh import Remote, SshOptions
-from cli.provision.target import SshTarget
+from provision.facts import run_facts
+from provision.fleet import Fleet, drain_and_wait
+from provision.layout import SERVICE_USER, choose_layout, stop_command
+from provision.registry import ProvisionedHost
+from provision.ssh import Remote, SshOptions
+from provision.target import SshTarget
 
 q = shlex.quote
 DRAIN_TIMEOUT_S = 120.0

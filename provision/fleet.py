@@ -130,7 +130,7 @@ def drain_and_wait(
     """Drain NAME and wait until none of its engines runs; returns how many ran at first.
 
     Raises `ProvisionError` after TIMEOUT_S (the host stays drained)."""
-    from cli.provision.errors import ProvisionError
+    from provision.errors import ProvisionError
 
     fleet.drain(name)
     first = busy = len(busy_instances(fleet.host(name)))

@@ -1,4 +1,6 @@
-"""`dctl gateway`: one gateway process, wired and served.
+"""The gateway's entry module: one gateway process, wired (`build_gateway`) and served (`run`).
+
+`dctl gateway` only turns its flags into `GatewaySettings` and calls `run(settings)`.
 
 `build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
 traffic windows, and, with a control plane, the route watcher, the traffic reporter and the
@@ -28,16 +30,16 @@ from typing import Any, Protocol
 
 from client.errors import ClientError
 from client.http import AsyncControlPlaneClient
-from controlplane.gateway.access import RateLimiter, TokenSlots
-from controlplane.gateway.app import GatewayApp, Lifespan, Limits
-from controlplane.gateway.balancer import Balancer
-from controlplane.gateway.metrics import GatewayMetrics
-from controlplane.gateway.presence import GatewayPresence, PresenceSink
-from controlplane.gateway.proxy import Proxy
-from controlplane.gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
-from controlplane.gateway.settings import GatewaySettings, SettingsError
-from controlplane.gateway.traffic import TrafficReporter, TrafficSink, TrafficWindows
-from controlplane.gateway.upstream import UpstreamPool
+from gateway.access import RateLimiter, TokenSlots
+from gateway.app import GatewayApp, Lifespan, Limits
+from gateway.balancer import Balancer
+from gateway.metrics import GatewayMetrics
+from gateway.presence import GatewayPresence, PresenceSink
+from gateway.proxy import Proxy
+from gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
+from gateway.settings import GatewaySettings, SettingsError
+from gateway.traffic import TrafficReporter, TrafficSink, TrafficWindows
+from gateway.upstream import UpstreamPool
 from protocol.logs import configure_logging
 from protocol.tls import TlsError, client_context
 
@@ -260,7 +262,7 @@ def run(settings: GatewaySettings) -> int:
 
 def server_options(settings: GatewaySettings) -> dict[str, Any]:
     """uvicorn's `Config` options for SETTINGS, the app aside: what `run` serves with."""
-    from controlplane.gateway.deadlines import Deadlines, protocol_for
+    from gateway.deadlines import Deadlines, protocol_for
 
     deadlines = Deadlines(settings.idle_timeout_s, settings.head_timeout_s, settings.body_timeout_s)
     return {

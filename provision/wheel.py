@@ -46,7 +46,7 @@ def wheel_digest(path: Path) -> str:
 
     Zip timestamps and member order do not count, so two builds of one source are equal.
     """
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     outer = hashlib.sha256()
     try:
@@ -63,7 +63,7 @@ def wheel_digest(path: Path) -> str:
 def running_wheel(cache_dir: Path | None = None, wheelhouse: Path | None = None) -> DctlWheel:
     """The wheel of the running dctl: built from its source (cached in CACHE_DIR, default
     ~/.cache/dctl/wheels), or for a regular install taken from WHEELHOUSE."""
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     source = _source_dir()
     if source is not None:
@@ -82,7 +82,7 @@ def running_wheel(cache_dir: Path | None = None, wheelhouse: Path | None = None)
 
 def wheelhouse_files(wheelhouse: Path) -> list[Path]:
     """The wheels (*.whl) and sdists (*.tar.gz) in WHEELHOUSE, sorted; ProvisionError if none."""
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     if not wheelhouse.is_dir():
         raise ProvisionError(f"--wheelhouse {wheelhouse}: not a directory; give one with wheels")
@@ -103,10 +103,8 @@ def wheelhouse_files(wheelhouse: Path) -> list[Path]:
 
 def _source_dir() -> Path | None:
     """The source checkout the running dctl comes from, or None for a regular install."""
-    import cli
-
-    # The running code first: the checkout holding the `cli` package being executed.
-    here = Path(cli.__file__).resolve().parent.parent
+    # The running code first: the checkout holding this package.
+    here = Path(__file__).resolve().parent.parent
     if _is_dctl_source(here):
         return here
     try:
@@ -167,7 +165,7 @@ def _package_roots(source: Path) -> list[str]:
 
 
 def _pyproject(source: Path) -> dict[str, Any]:
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     try:
         return tomllib.loads((source / "pyproject.toml").read_text())
@@ -187,7 +185,7 @@ def _source_key(source: Path, files: list[Path]) -> str:
 
 def _built_wheel(source: Path, cache_dir: Path) -> DctlWheel:
     """The wheel of SOURCE from the cache, built into it first when missing."""
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     files = _source_files(source)
     entry = cache_dir / _source_key(source, files)[:32]
@@ -224,7 +222,7 @@ def _built_wheel(source: Path, cache_dir: Path) -> DctlWheel:
 
 
 def _pip_wheel(source: Path, out: Path) -> None:
-    from cli.provision.ssh import ProvisionError
+    from provision.ssh import ProvisionError
 
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
     command += ["--no-build-isolation", "--disable-pip-version-check", "-w", str(out), str(source)]

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cli.provision.ssh import CommandResult
+from provision.ssh import CommandResult
 
 
 class Runs(Protocol):

@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
-from controlplane.gateway.asgi import (
+from gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
+from gateway.asgi import (
     ClientGone,
     Receive,
     Scope,
@@ -44,10 +44,10 @@ from controlplane.gateway.asgi import (
     send_error,
     send_json,
 )
-from controlplane.gateway.errors import GatewayError, not_found
-from controlplane.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from controlplane.gateway.proxy import CLIENT_GONE, Forwarded, ForwardRequest, Proxy
-from controlplane.gateway.routes import ClientGrant, Routes, RoutingTable
+from gateway.errors import GatewayError, not_found
+from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.proxy import CLIENT_GONE, Forwarded, ForwardRequest, Proxy
+from gateway.routes import ClientGrant, Routes, RoutingTable
 from protocol.gateway import Pool
 
 log = logging.getLogger("dctl.gateway.requests")

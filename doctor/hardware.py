@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import statistics
 
-from cli.doctor.findings import Finding, FleetSnapshot, Points, label, matching, median, total
+from doctor.findings import Finding, FleetSnapshot, Points, label, matching, median, total
 
 # A GPU this much hotter than its peers' median under the same work has a cooling problem
 # (fan, airflow, paste); over the absolute limit it throttles whatever its peers do.

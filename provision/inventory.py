@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from cli.provision.target import SshTarget
+from provision.target import SshTarget
 
 DEFAULT_EXTRAS = ("engine", "gpu")
 # The extras of dctl a host may be given (pyproject.toml's optional dependencies that make

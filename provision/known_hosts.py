@@ -27,8 +27,8 @@ from typing import Any
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
-from cli.provision.errors import HostKeyError
-from cli.provision.target import SshTarget
+from provision.errors import HostKeyError
+from provision.target import SshTarget
 
 REVOKED = "@revoked"
 CERT_AUTHORITY = "@cert-authority"

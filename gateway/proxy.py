@@ -27,13 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.gateway.asgi import Headers, Receive, Send, send_error
-from controlplane.gateway.balancer import Balancer
-from controlplane.gateway.errors import GatewayError
-from controlplane.gateway.metrics import GatewayMetrics
-from controlplane.gateway.routes import Instance, Route, VersionPool
-from controlplane.gateway.traffic import ErrorClass, TrafficWindows, UsageScanner
-from controlplane.gateway.upstream import (
+from gateway.asgi import Headers, Receive, Send, send_error
+from gateway.balancer import Balancer
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.routes import Instance, Route, VersionPool
+from gateway.traffic import ErrorClass, TrafficWindows, UsageScanner
+from gateway.upstream import (
     ConnectFailed,
     Exchange,
     ExchangeTimeout,

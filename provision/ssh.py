@@ -1,7 +1,7 @@
 """One SSH connection to one host, host key verified, secrets masked in every log line.
 
-Which host keys are trusted is `cli.provision.known_hosts`; the errors are
-`cli.provision.errors`, re-exported here. Secrets travel as file contents over SFTP, never on a
+Which host keys are trusted is `provision.known_hosts`; the errors are
+`provision.errors`, re-exported here. Secrets travel as file contents over SFTP, never on a
 command line.
 """
 
@@ -23,14 +23,14 @@ import paramiko
 from fabric import Config, Connection
 from invoke.exceptions import CommandTimedOut, ThreadException
 
-from cli.provision.errors import ConnectError, HostKeyError, ProvisionError, connect_error
-from cli.provision.known_hosts import (
+from provision.errors import ConnectError, HostKeyError, ProvisionError, connect_error
+from provision.known_hosts import (
     KnownHosts,
     KnownHostsPolicy,
     changed_key_error,
     fingerprint,
 )
-from cli.provision.target import SshTarget
+from provision.target import SshTarget
 
 __all__ = [
     "CommandFailed",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cli.doctor.findings import FleetSnapshot, Points
 from client import calls
+from doctor.findings import FleetSnapshot, Points
 from protocol.rest import SeriesOut
 
 if TYPE_CHECKING:

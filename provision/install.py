@@ -14,17 +14,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from cli.provision.facts import HostFacts
-from cli.provision.journal import Journal
-from cli.provision.layout import (
+from provision.facts import HostFacts
+from provision.journal import Journal
+from provision.layout import (
     SERVICE_USER,
     Layout,
     running_command,
     start_detached_command,
     stop_command,
 )
-from cli.provision.ssh import CommandResult, Remote
-from cli.provision.wheel import DctlWheel
+from provision.ssh import CommandResult, Remote
+from provision.wheel import DctlWheel
 
 q = shlex.quote
 

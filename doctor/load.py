@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from cli.doctor.findings import Finding, FleetSnapshot, configured, gib
+from doctor.findings import Finding, FleetSnapshot, configured, gib
 from protocol.rest import DeploymentOut, HostOut, VersionOut
 
 # Where the agent's reasons name the file: "file PATH does not match the manifest", "... PATH:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from controlplane.gateway.errors import GatewayError
+from gateway.errors import GatewayError
 from protocol.openai import ApiError
 
 Scope = MutableMapping[str, Any]

@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from cli.provision.facts import hard_failures, run_facts
-from cli.provision.fleet import BootstrapToken, Fleet, drain_and_wait
-from cli.provision.install import DryRun, Installer
-from cli.provision.inventory import HostSpec
-from cli.provision.journal import Journal
-from cli.provision.layout import (
+from provision.facts import hard_failures, run_facts
+from provision.fleet import BootstrapToken, Fleet, drain_and_wait
+from provision.install import DryRun, Installer
+from provision.inventory import HostSpec
+from provision.journal import Journal
+from provision.layout import (
     SERVICE_USER,
     SYSTEM_PREFIX,
     USER_PREFIX,
@@ -39,8 +39,8 @@ from cli.provision.layout import (
     running_command,
     systemd_unit,
 )
-from cli.provision.ssh import ProvisionError, Remote, SshOptions
-from cli.provision.wheel import DctlWheel
+from provision.ssh import ProvisionError, Remote, SshOptions
+from provision.wheel import DctlWheel
 
 q = shlex.quote
 # Free disk the prefix needs: torch and its CUDA libraries dwarf everything else.

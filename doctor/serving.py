@@ -3,7 +3,7 @@ where the time goes, GPUs idle while queues grow, and fault injection left on.""
 
 from __future__ import annotations
 
-from cli.doctor.findings import (
+from doctor.findings import (
     Finding,
     FleetSnapshot,
     Points,
