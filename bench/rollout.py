@@ -37,7 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cli.demo_stack import DemoStack  # noqa: E402
+from cli.demo.stack import DemoStack  # noqa: E402
 from client.http import ControlPlaneClient  # noqa: E402
 from engine.demo_checkpoint import create_demo_checkpoint  # noqa: E402
 from protocol.rest import TokenCreate  # noqa: E402

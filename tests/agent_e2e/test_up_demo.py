@@ -1,22 +1,28 @@
 """`dctl up --demo`: one command brings up control plane, agent, engines and gateway, ready for
-a canary rollout, with demo traffic; Ctrl-C stops all."""
+a canary rollout, with demo traffic; Ctrl-C stops all, and so does a hang-up, even once the
+demo's stdout is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.demo_traffic import PROMPTS, DemoTraffic
+from cli.demo.traffic import PROMPTS, DemoTraffic
 from client.credentials import CredentialsFile
 from client.http import ControlPlaneClient
 from tests.agent_e2e.conftest import free_port, wait_for
@@ -183,3 +189,139 @@ def test_up_demo_serves_keeps_existing_contexts_and_stops_cleanly(tmp_path: Path
     assert code == 0, "".join(lines)
     assert "stopping the demo" in "".join(lines)
     assert _processes_mentioning(str(data_dir)) == []
+
+
+def _process_tree(root: int) -> dict[int, tuple[str, str]]:
+    """ROOT's descendants now: pid -> (start time, command line)."""
+    parents: dict[int, int] = {}
+    seen: dict[int, tuple[str, str]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        # After the command's name: state, ppid, ... and the start time, field 22 of stat(5).
+        parents[int(proc.name)] = int(stat[1])
+        seen[int(proc.name)] = (stat[19], cmdline)
+    tree: dict[int, tuple[str, str]] = {}
+    below = [root]
+    while below:
+        parent = below.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree[pid] = seen[pid]
+                below.append(pid)
+    return tree
+
+
+def _still_running(recorded: dict[int, tuple[str, str]]) -> list[str]:
+    """The command lines of RECORDED processes alive now (same pid and start time, no zombie)."""
+    alive = []
+    for pid, (started, cmdline) in recorded.items():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if stat[19] == started and stat[0] != "Z":
+            alive.append(cmdline)
+    return alive
+
+
+def _demo_up(
+    tmp_path: Path, stdout: int | IO[bytes], stderr: int | IO[bytes]
+) -> subprocess.Popen[bytes]:
+    """`dctl up --demo` on the tiny random checkpoint, in a throwaway home."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DCTL_")}
+    env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"),
+               XDG_DATA_HOME=str(tmp_path))  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "cli", "up", "--demo", "--size", "tiny",
+         "--data-dir", str(tmp_path / "demo-data"), "--port", str(free_port())],
+        stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, env=env,
+    )  # fmt: skip
+
+
+def _everything_it_started(
+    up: subprocess.Popen[bytes], output: Callable[[], str]
+) -> dict[int, tuple[str, str]]:
+    """Wait until the demo is up; then every process it started, engines included."""
+    deadline = time.monotonic() + 280
+    while "Ctrl-C stops everything" not in output():
+        assert up.poll() is None, output()
+        assert time.monotonic() < deadline, output()
+        time.sleep(0.5)
+    tree = _process_tree(up.pid)
+    commands = [cmdline for _, cmdline in tree.values()]
+    for part in ("-m cli server", "-m cli agent", "-m cli gateway"):
+        assert sum(part in c for c in commands) == 1, commands
+    assert sum("-m engine.serve" in c for c in commands) >= 2, commands
+    return tree
+
+
+def _kill(recorded: dict[int, tuple[str, str]]) -> None:
+    """Whatever a failed test left running must not load the machine for the next ones."""
+    for pid in recorded:
+        with contextlib.suppress(OSError):
+            if _still_running({pid: recorded[pid]}):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_everything_after_tee_died(tmp_path: Path) -> None:
+    # `dctl up --demo | tee up.log`, then Ctrl-C: the terminal sends SIGINT to both, tee dies
+    # first, and the demo's next line meets a pipe nobody reads.
+    log, errors = tmp_path / "up.log", tmp_path / "up.err"
+    with errors.open("wb") as err:
+        up = _demo_up(tmp_path, subprocess.PIPE, err)
+    tee = subprocess.Popen(["tee", str(log)], stdin=up.stdout, stdout=subprocess.DEVNULL)
+    up.stdout.close()  # type: ignore[union-attr]  # tee is the pipe's only reader
+    tree: dict[int, tuple[str, str]] = {}
+    try:
+        tree = _everything_it_started(up, lambda: log.read_text() if log.exists() else "")
+        tee.send_signal(signal.SIGINT)
+        tee.wait(timeout=30)
+        up.send_signal(signal.SIGINT)
+        code = up.wait(timeout=240)
+    finally:
+        up.kill()
+        tee.kill()
+        _kill(tree)
+    problems = errors.read_text()
+    assert code == 0, problems
+    assert "Traceback" not in problems and "Exception ignored" not in problems, problems
+    assert _still_running(tree) == []
+
+
+@pytest.mark.timeout(600)
+def test_a_hang_up_stops_everything_though_the_terminal_is_gone(tmp_path: Path) -> None:
+    # Closing the terminal: SIGHUP, and the demo's stdout and stderr can no longer be written.
+    terminal, demo_side = os.openpty()
+    up = _demo_up(tmp_path, demo_side, demo_side)
+    os.close(demo_side)
+    shown = bytearray()
+
+    def screen() -> str:
+        while select.select([terminal], [], [], 0)[0]:
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: nothing holds the demo's side any more
+                break
+            if not chunk:
+                break
+            shown.extend(chunk)
+        return shown.decode(errors="replace")
+
+    tree: dict[int, tuple[str, str]] = {}
+    try:
+        tree = _everything_it_started(up, screen)
+        os.close(terminal)
+        up.send_signal(signal.SIGHUP)
+        code = up.wait(timeout=240)
+    finally:
+        up.kill()
+        _kill(tree)
+    assert code == 0, shown.decode(errors="replace")
+    assert _still_running(tree) == []

@@ -1,13 +1,15 @@
-"""`dctl up --demo`: control plane, agent, engine and gateway on this machine, wired together.
+"""The demo's stack: control plane, agent, engines and gateway started in order, stopped in
+reverse.
 
-The control plane (SQLite under the data dir), the agent and the gateway run as child processes
-in their own sessions, so a Ctrl-C reaches only this process, which then stops them in order:
-the gateway, the agent (it drains its engines), then the control plane. Every step is
-idempotent, so running `dctl up --demo` again on the same data dir reuses the checkpoint, the
-registration, the agent's identity, the deployment, the gateway's port and the demo's tokens.
+The control plane (SQLite under the data dir), the agent and the gateway are child processes
+(`cli.demo.children`); `stop` ends them in order, each with a bounded wait: the gateway, the
+agent (it drains its engines; any it leaves running are stopped after it), then the control
+plane. Every step of `start` is idempotent, so running `dctl up --demo` again on the same data
+dir reuses the checkpoint, the registration, the agent's identity, the deployment, the gateway's
+port and the demo's tokens.
 
 The deployment runs two instances, one GPU each, so a canary has room (it never takes the last
-stable instance); a short rollout policy and the demo traffic (`cli.demo_traffic`) let
+stable instance); a short rollout policy and the demo traffic (`cli.demo.traffic`) let
 `dctl rollout demo --to demo:v2` be analysed and promoted within minutes.
 """
 
@@ -15,8 +17,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,9 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from cli.demo_traffic import DEFAULT_RPS, DemoTraffic
+from cli.demo.children import Children, stop_leftover_engines
+from cli.demo.ports import kept_port, kept_port_range, port_is_free
+from cli.demo.traffic import DEFAULT_RPS, DemoTraffic
 from cli.exits import CliError
 
 if TYPE_CHECKING:
@@ -41,6 +43,10 @@ CANARY_INSTANCES = 2  # a canary takes one instance and never the last stable on
 # about 10: asking 10 would extend the first step about every other time, 5 one time in 40.
 ROLLOUT_INTERVAL_S = 30.0
 ROLLOUT_MIN_REQUESTS = 5
+# Bounded waits when stopping, then SIGKILL. The agent's own drain of its engines takes at most
+# its stop grace (30 s) + 5 s.
+STOP_GRACE_S = 30.0
+AGENT_STOP_GRACE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -55,28 +61,6 @@ class DemoEndpoints:
     context: str
     context_is_current: bool
     instances: int  # ready instances of the deployment: a canary needs CANARY_INSTANCES
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on HOST:PORT and it can be bound."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_range(count: int) -> tuple[int, int]:
-    """COUNT consecutive free loopback ports."""
-    for _ in range(200):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            first = int(sock.getsockname()[1])
-        if first + count <= 65535 and all(port_is_free(p) for p in range(first, first + count)):
-            return first, first + count - 1
-    raise CliError(f"could not find {count} consecutive free ports on 127.0.0.1")
 
 
 def _engine_ready(port: int) -> bool:
@@ -108,8 +92,7 @@ class DemoStack:
         self.say = say
         self.traffic_rps = traffic_rps  # 0: no demo traffic
         self.url = f"http://127.0.0.1:{port}"
-        self.children: dict[str, subprocess.Popen[bytes]] = {}
-        self._logs: list[IO[bytes]] = []
+        self.children = Children(data_dir / "logs")
         self._traffic: DemoTraffic | None = None
 
     # --- processes -----------------------------------------------------------------------------
@@ -117,33 +100,16 @@ class DemoStack:
     def _dctl(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "cli", *args]
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log_path = self.data_dir / "logs" / f"{name}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = log_path.open("ab")
-        self._logs.append(log)
-        self.children[name] = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-
     def _run(self, argv: list[str], env: dict[str, str], what: str) -> None:
         done = subprocess.run(argv, capture_output=True, text=True, env=env)
         if done.returncode != 0:
             detail = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:]
             raise CliError(f"{what} failed: {' '.join(detail) or f'exit {done.returncode}'}")
 
-    def _check_children(self) -> None:
-        for name, child in self.children.items():
-            code = child.poll()
-            if code is not None:
-                log = self.data_dir / "logs" / f"{name}.log"
-                raise CliError(f"the {name} exited with code {code}; see {log}")
-
     def _wait_for(self, what: str, ready: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self._check_children()
+            self.children.check()
             if ready():
                 return
             time.sleep(0.5)
@@ -203,17 +169,6 @@ class DemoStack:
             handle.write(secret + "\n")
         return secret
 
-    def _gateway_port(self) -> int:
-        """The gateway's port: that of an earlier run when still free, else a new free one."""
-        saved = self.data_dir / "gateway-port"
-        if saved.is_file() and saved.read_text().strip().isdigit():
-            port = int(saved.read_text().strip())
-            if port_is_free(port):
-                return port
-        port = free_port_range(1)[0]
-        saved.write_text(f"{port}\n")
-        return port
-
     def _start_gateway(self, api: ControlPlaneClient, env: dict[str, str]) -> tuple[str, str]:
         """Start the gateway; returns its OpenAI base URL and the client token the demo prints.
 
@@ -227,9 +182,9 @@ class DemoStack:
 
         self._secret("gateway-token", mint("gateway"))
         client_key = self._secret("client-token", mint("client"))
-        port = self._gateway_port()
+        port = kept_port(self.data_dir / "gateway-port")
         self.say(f"starting the gateway on http://127.0.0.1:{port}")
-        self._spawn(
+        self.children.spawn(
             "gateway",
             self._dctl("gateway", "--control-plane", self.url, "--token-file",
                        str(self.data_dir / "gateway-token"), "--port", str(port)),
@@ -255,20 +210,6 @@ class DemoStack:
             return reply.status_code == 200
 
         self._wait_for("a request through the gateway to succeed", serves, 120)
-
-    def _engine_ports(self) -> tuple[int, int]:
-        """The ports offered to the agent: those of an earlier run when still free, so the
-        instance keeps its port (and the printed URL) across runs."""
-        saved = self.data_dir / "engine-ports"
-        if saved.is_file():
-            low, _, high = saved.read_text().strip().partition("-")
-            if low.isdigit() and high.isdigit():
-                span = range(int(low), int(high) + 1)
-                if all(port_is_free(p) for p in span):
-                    return int(low), int(high)
-        first, last = free_port_range(ENGINE_PORTS)
-        saved.write_text(f"{first}-{last}\n")
-        return first, last
 
     def _deploy(self, api: ControlPlaneClient, host: str) -> int:
         """Create the demo deployment, or bring an earlier run's to the demo's shape, with the
@@ -339,7 +280,9 @@ class DemoStack:
         server_env = {**env, "DCTL_DATA_DIR": str(cp_dir), "DCTL_DATABASE_URL": database_url,
                       "DCTL_HEARTBEAT_INTERVAL_S": "2"}  # fmt: skip
         self.say(f"starting the control plane on {self.url} (logs: {self.data_dir / 'logs'})")
-        self._spawn("control plane", self._dctl("server", "--port", str(self.port)), server_env)
+        self.children.spawn(
+            "control plane", self._dctl("server", "--port", str(self.port)), server_env
+        )
         api = ControlPlaneClient(self.url, token, timeout=10.0)
 
         def answers() -> bool:
@@ -386,7 +329,8 @@ class DemoStack:
             # Registered by an earlier run: the agent reuses its saved identity, and should it
             # have lost it, only a re-key token (bound to this host) may register it again.
             bootstrap = api.rekey_host(host).secret
-        first, last = self._engine_ports()
+        # An earlier run's ports while free: the instances keep them, and the URL printed.
+        first, last = kept_port_range(self.data_dir / "engine-ports", ENGINE_PORTS)
         # The demo's agent may copy the checkpoint it registered straight from this disk.
         agent_args = ["agent", "--control-plane", self.url, "--data-dir",
                       str(self.data_dir / "agent"), "--name", host, "--ports", f"{first}-{last}",
@@ -396,7 +340,9 @@ class DemoStack:
             self.say("warning: running as root; the demo lets its local agent run as root")
             agent_args.append("--allow-root")
         self.say(f"starting the agent for host {host}")
-        self._spawn("agent", self._dctl(*agent_args), {**env, "DCTL_BOOTSTRAP_TOKEN": bootstrap})
+        self.children.spawn(
+            "agent", self._dctl(*agent_args), {**env, "DCTL_BOOTSTRAP_TOKEN": bootstrap}
+        )
 
         def registered() -> bool:
             try:
@@ -449,7 +395,7 @@ class DemoStack:
         """
         import yaml
 
-        config = self.data_dir / "agent" / "agent" / "run" / f"instance-{instance_id}.yaml"
+        config = self._agent_run_dir() / f"instance-{instance_id}.yaml"
         try:
             key = yaml.safe_load(config.read_text())["service"]["api_key"]
         except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
@@ -459,22 +405,22 @@ class DemoStack:
     def watch(self, stop: threading.Event) -> None:
         """Block until STOP is set; a child that dies ends the demo with an error."""
         while not stop.wait(0.5):
-            self._check_children()
+            self.children.check()
+
+    def _agent_run_dir(self) -> Path:
+        """Where the demo's agent keeps its engines' configs and pid files."""
+        return self.data_dir / "agent" / "agent" / "run"
 
     def stop(self) -> None:
         """Stop the demo traffic, the gateway, the agent (draining its engines), then the control
-        plane."""
+        plane; each with a bounded wait, then SIGKILL."""
         if self._traffic is not None:
             self._traffic.stop()
-        for name in ("gateway", "agent", "control plane"):
-            child = self.children.get(name)
-            if child is None or child.poll() is not None:
-                continue
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        for log in self._logs:
-            log.close()
+        self.children.stop("gateway", STOP_GRACE_S)
+        self.children.stop("agent", AGENT_STOP_GRACE_S)
+        # Only engines of an agent this run started: those of another `dctl up` on the same
+        # data dir (this one then failed to start) are not ours to stop.
+        if "agent" in self.children.processes:
+            stop_leftover_engines(self._agent_run_dir(), STOP_GRACE_S)
+        self.children.stop("control plane", STOP_GRACE_S)
+        self.children.close_logs()
