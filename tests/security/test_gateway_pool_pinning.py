@@ -34,6 +34,7 @@ from engine.tuning.grid import DecodeSetting
 from engine.tuning.remote import HttpRunner, RemoteError
 from tests.cli.conftest import DCTL, Dctl, Server, dctl, free_port, server
 from tests.gateway.conftest import ENGINES, LiveGateway, fleet, gateway
+from tests.security.gateway_process import gateway_serving
 
 CANARY = ("main", "main-model:v2", "canary")
 STABLE = ("main", "main-model:v1", "stable")
@@ -53,33 +54,10 @@ def gateway_process(server: Server, dctl: Dctl, tmp_path: Path) -> Iterator[str]
     with os.fdopen(fd, "w") as handle:
         handle.write(_create(dctl, f"gw-{uuid.uuid4().hex[:6]}", "--role", "gateway"))
     port = free_port()
-    log = (tmp_path / "gateway.log").open("wb")
-    proc = subprocess.Popen(
-        [*DCTL, "gateway", "--control-plane", server.url, "--token-file", str(token_file),
-         "--port", str(port)],
-        env=server.env, stdout=log, stderr=log,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, (tmp_path / "gateway.log").read_text()
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the gateway did not load its routes"
-            time.sleep(0.05)
+    argv = [*DCTL, "gateway", "--control-plane", server.url, "--token-file", str(token_file),
+            "--port", str(port)]  # fmt: skip
+    with gateway_serving(argv, server.env, port, tmp_path / "gateway.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_only_a_client_token_created_with_the_grant_may_pin_a_pool(

@@ -37,6 +37,7 @@ import pytest
 
 from tests.cli.conftest import DCTL, free_port, isolated_env
 from tests.gateway.conftest import Fleet, fleet
+from tests.security.gateway_process import gateway_serving
 
 # Generous bounds on waits that end as soon as the gateway acts: a deadline under test is 1-2 s.
 PATIENCE_S = 20.0
@@ -90,28 +91,8 @@ def gateway(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         "--max-connections", str(MAX_CONNECTIONS),
     ]  # fmt: skip
     log_path = home / "gateway.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
-    live = Gateway(port, fleet, log_path)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{live.url}/health/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.05)
-        yield live
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with gateway_serving(argv, env, port, log_path):
+        yield Gateway(port, fleet, log_path)
 
 
 def read_until_closed(sock: socket.socket, trickle: bytes = b"") -> bytes:
