@@ -51,7 +51,7 @@ def gateway(
         None, "--body-timeout-s", help="Seconds from the headers to the body's end, else 408 [30]."
     ),
     idle_timeout_s: float | None = typer.Option(
-        None, "--idle-timeout-s", help="Seconds a connection may wait for a request [5]."
+        None, "--idle-timeout-s", help="Seconds an idle kept-alive connection is kept [20]."
     ),
     max_concurrency_per_token: int | None = typer.Option(
         None,

@@ -7,7 +7,8 @@ in: a client that connects and sends nothing, sends half a head, or declares a b
 sends it keeps its connection (and, once its head is complete, an in-flight slot) as long as it
 likes. `DeadlineProtocol` adds, per connection:
 
-    accepted, or an answer sent  --idle_s without a byte-->        closed
+    accepted                     --min(idle_s, head_s), no byte--> closed
+    an answer sent               --idle_s without a byte-->        closed
     first byte of a request head --head_s, head incomplete-->      408, closed
     head complete                --body_s, body incomplete-->      closed once the answer is out
 
@@ -33,7 +34,7 @@ from gateway.errors import GatewayError
 class Deadlines:
     """How long a client connection may take over each part of a request (seconds)."""
 
-    idle_s: float  # between requests, or before the first one
+    idle_s: float  # between requests (before the first one: at most head_s)
     head_s: float  # from a head's first byte to its end
     body_s: float  # from a head's end to the end of its body
 
@@ -52,9 +53,11 @@ class DeadlineProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        # uvicorn's idle timer, armed as uvicorn arms it after an answer (its first byte stops it).
+        # uvicorn's idle timer, armed as uvicorn arms it after an answer (its first byte stops
+        # it); a connection that has sent nothing yet gets no longer than a head would.
+        first_byte_s = min(self.deadlines.idle_s, self.deadlines.head_s)
         self.timeout_keep_alive_task = self.loop.call_later(
-            self.deadlines.idle_s, self.timeout_keep_alive_handler
+            first_byte_s, self.timeout_keep_alive_handler
         )
 
     def connection_lost(self, exc: Exception | None) -> None:

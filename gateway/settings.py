@@ -77,10 +77,14 @@ class GatewaySettings(FileBackedSettings):
     rate_limit_burst: int = Field(default=100, ge=1)
     # Timing. A client connection gets head_timeout_s from a request's first byte to the end of
     # its headers and body_timeout_s from there to the end of its body (else 408 and closed), and
-    # is closed after idle_timeout_s without a request.
+    # is closed after idle_timeout_s between requests (a new one: the shorter of that and
+    # head_timeout_s before its first byte). The idle default outlasts the keep-alive of the
+    # clients in front of us (httpx and the OpenAI SDK drop an idle connection after 5 s,
+    # aiohttp after 15 s): a client then always closes first, never reusing a connection the
+    # gateway is closing under it, which the client sees as a reset POST it cannot retry.
     head_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=30.0, gt=0)
-    idle_timeout_s: float = Field(default=5.0, gt=0, description="keep-alive; also before a first")
+    idle_timeout_s: float = Field(default=20.0, gt=0, description="keep-alive between requests")
     routes_poll_s: float = Field(default=1.0, gt=0, le=60)
     report_interval_s: float = Field(default=5.0, gt=0, le=3600)
     upstream_connect_timeout_s: float = Field(default=5.0, gt=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import time
 import uuid
 
@@ -115,6 +116,21 @@ def test_weight_20_sends_a_fifth_to_the_canary(gateway: LiveGateway) -> None:
     assert 16 <= share <= 24, counts
     # Within the stable pool, both instances got work (least outstanding, random ties).
     assert gateway.fleet.engines["a"].requests and gateway.fleet.engines["b"].requests
+
+
+def test_a_connection_the_openai_client_still_keeps_alive_is_still_open(
+    gateway: LiveGateway,
+) -> None:
+    # The OpenAI SDK (httpx) reuses a connection idle up to its keepalive_expiry: had the gateway
+    # closed it first, the client's next POST would be reset (httpx.ReadError), not retried.
+    expiry = openai._constants.DEFAULT_CONNECTION_LIMITS.keepalive_expiry
+    assert expiry is not None
+    port = int(gateway.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for pause in (expiry, 0):
+            sock.sendall(b"GET /health/live HTTP/1.1\r\nhost: gateway\r\n\r\n")
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            time.sleep(pause)
 
 
 def test_the_pool_header_pins_the_pool(gateway: LiveGateway, strict: LiveGateway) -> None:
