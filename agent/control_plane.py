@@ -24,7 +24,6 @@ from pydantic import PrivateAttr, ValidationError
 
 from agent.http_bodies import ERROR_BODY_LIMIT, read_capped
 from agent.private_files import PrivateFileError, read_private, write_private
-from protocol.tls import client_context, verification_failure
 from protocol.wire import (
     HEARTBEAT_PATH,
     INT32_MAX,
@@ -35,6 +34,7 @@ from protocol.wire import (
     RegisterRequest,
     RegisterResponse,
 )
+from runtime.tls import client_context, verification_failure
 
 log = logging.getLogger("dctl.agent")
 # A desired state is a few KiB per instance (manifests included); far more is not a reply.
@@ -283,7 +283,7 @@ class ControlPlaneLink:
     Not the operator's REST client (`client.http.ControlPlaneClient`): the agent speaks only the
     wire contract, with its own token, and maps failures to "try later" or "refused". Bodies are
     read with a cap (error pages 4 KiB, replies 64 MiB), and redirects are not followed. An
-    https:// control plane is verified with TLS (`protocol.tls.client_context`: the agent's CA
+    https:// control plane is verified with TLS (`runtime.tls.client_context`: the agent's CA
     file, else the system trust store); a certificate it does not trust is "unavailable", so the
     token is never sent to it.
     """

@@ -39,8 +39,9 @@ from pydantic_settings import (
 )
 
 from agent.gpu import FakeBackend, parse_spec
-from protocol import paths
-from protocol.settings import (
+from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
+from runtime import paths
+from runtime.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,
@@ -49,8 +50,7 @@ from protocol.settings import (
     absolute_path,
     http_url,
 )
-from protocol.tls import TlsError, check_server_files, client_context
-from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
+from runtime.tls import TlsError, check_server_files, client_context
 
 __all__ = [
     "ENV_PREFIX",

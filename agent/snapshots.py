@@ -12,7 +12,7 @@ the file; whatever snapshot was serving before stays in place.
 
 A manifest's author chooses its source and its file names, so a local source is read only when it
 lies below one of the store's model roots, each file opened without a symlink leading out of it
-(`protocol/model_roots.py`); anything else comes from the control plane's file URL. Otherwise
+(`runtime/model_roots.py`); anything else comes from the control plane's file URL. Otherwise
 the copy and its mismatch report would tell the author the size and digest of any file the
 agent can read.
 """
@@ -36,10 +36,10 @@ import httpx
 
 from agent.http_bodies import error_text
 from protocol.manifest import hash_file
-from protocol.model_roots import SourceFileError, locate_in_roots, open_source_file
 from protocol.sources import local_source_dir
-from protocol.tls import client_context
 from protocol.wire import Manifest, ManifestEntry, SnapshotProgress
+from runtime.model_roots import SourceFileError, locate_in_roots, open_source_file
+from runtime.tls import client_context
 
 log = logging.getLogger("dctl.agent.snapshots")
 CHUNK = 1 << 20

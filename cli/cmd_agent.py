@@ -209,7 +209,7 @@ def agent(
             "need no root), or pass --allow-root"
         )
     from agent.settings import SettingsError
-    from protocol.logs import configure_logging
+    from runtime.logs import configure_logging
 
     configure_logging(settings.log_level, settings.log_format)
     try:
@@ -258,7 +258,7 @@ def _run_agent(
     from agent.snapshots import SnapshotStore
     from agent.supervisor import Supervisor
     from protocol.monitoring import metrics_url
-    from protocol.tls import TlsError, check_name, client_context
+    from runtime.tls import TlsError, check_name, client_context
 
     log = logging.getLogger("dctl.agent")
     if control_plane.startswith("http://") and not _loopback(control_plane):

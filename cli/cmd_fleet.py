@@ -290,7 +290,7 @@ def host_remove(
 def parse_duration(text: str, option: str = "--expires") -> int:
     """`90s`, `30m`, `24h`, `7d` -> seconds; anything else is a usage error (exit 2) naming
     OPTION."""
-    from protocol.durations import parse_duration as seconds
+    from runtime.durations import parse_duration as seconds
 
     value = seconds(text)
     if value is None:

@@ -21,7 +21,7 @@ import typer
 from cli.exits import USAGE, fail
 from cli.output import Column, print_table
 from cli.remote import connect
-from protocol import paths
+from runtime import paths
 
 if TYPE_CHECKING:
     from provision.inventory import HostSpec
@@ -73,11 +73,11 @@ def provision(
     """Provision hosts over SSH: install dctl, configure and start the agent, wait until it
     registers, print each host's preflight verdict (admin)."""
     from client.credentials import CredentialsError, resolve
-    from protocol.durations import parse_duration
     from provision.inventory import InventoryError
     from provision.provisioner import RunOptions
     from provision.ssh import ProvisionError
     from provision.wheel import running_wheel, wheelhouse_files
+    from runtime.durations import parse_duration
 
     if (target is None) == (hosts_file is None):
         fail("give one USER@HOST[:PORT] or -f HOSTS.yaml", USAGE)

@@ -77,10 +77,10 @@ def _local_url(host: str, port: int, tls: bool = False) -> str:
 def _tls_files(settings: ControlPlaneSettings) -> tuple[str, str] | None:
     """The certificate and key to serve HTTPS with, checked; None for plain HTTP.
 
-    A key file every user can read is refused (`protocol.tls.check_key_file`). Plain HTTP on an
+    A key file every user can read is refused (`runtime.tls.check_key_file`). Plain HTTP on an
     address other machines reach is allowed, with a warning: tokens would travel in clear.
     """
-    from protocol.tls import TlsError, check_server_files
+    from runtime.tls import TlsError, check_server_files
 
     cert, key = settings.tls_cert, settings.tls_key
     if cert is None and key is None:
@@ -122,7 +122,7 @@ def server(
     import sqlalchemy as sa
 
     from controlplane import migrate as migrations
-    from protocol.logs import configure_logging
+    from runtime.logs import configure_logging
 
     settings = _settings(
         config, database_url=db, host=host, port=port, tls_cert=tls_cert, tls_key=tls_key
@@ -203,7 +203,7 @@ def _announce_admin_token(
     renewed in place stays trusted), whoever signed it.
     """
     from client.credentials import CredentialsError, CredentialsFile
-    from protocol.tls import TlsError, check_name
+    from runtime.tls import TlsError, check_name
 
     url = _local_url(settings.host, settings.port, tls is not None)
     on_terminal = sys.stdout.isatty()

@@ -22,7 +22,7 @@ def tui(
     from client.credentials import CredentialsError, resolve
     from client.errors import ClientError
     from client.http import AsyncControlPlaneClient
-    from protocol.settings import SettingsError
+    from runtime.settings import SettingsError
 
     refresh_s = parse_duration(refresh, "--refresh")
     try:

@@ -46,7 +46,7 @@ def up(
     if not 0 <= traffic_rps <= MAX_TRAFFIC_RPS:
         fail(f"--traffic-rps {traffic_rps:g}: choose 0 (off) to {MAX_TRAFFIC_RPS:g}", USAGE)
     from cli.demo.run import DemoSettings, run
-    from protocol import paths
+    from runtime import paths
 
     target = (data_dir or paths.data_dir() / "demo").expanduser().resolve()
     raise typer.Exit(run(DemoSettings(target, port, size, timeout_s, traffic_rps)))

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol import paths
+from runtime import paths
 
 URL_ENV = "DCTL_URL"
 TOKEN_ENV = "DCTL_TOKEN"

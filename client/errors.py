@@ -15,7 +15,7 @@ import httpx
 from pydantic import ValidationError
 
 from client.calls import Call
-from protocol.tls import verification_failure
+from runtime.tls import verification_failure
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ and both map every failure through `client.errors` to one `ClientError`. Tests i
 `httpx.BaseTransport` / `httpx.AsyncBaseTransport` (`httpx.MockTransport` is both).
 
 An https:// control plane is verified against the context's CA file, else the system trust store
-(`protocol.tls.client_context`); verification cannot be turned off.
+(`runtime.tls.client_context`); verification cannot be turned off.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from client import calls
 from client.calls import Call
 from client.credentials import Context
 from client.errors import ClientError, answer, transport_errors
-from protocol.tls import TlsError, client_context
+from runtime.tls import TlsError, client_context
 
 __all__ = ["AsyncControlPlaneClient", "ClientError", "ControlPlaneClient", "Endpoint"]
 

@@ -6,7 +6,7 @@ names. A manifest that names a file whose content its author does not already kn
 credentials file, a private key) therefore serves nothing.
 
 Each file is opened once per request without leaving its source directory (nor, with
-`[controlplane] model_roots` set, the root that directory lies in: `protocol/model_roots.py`),
+`[controlplane] model_roots` set, the root that directory lies in: `runtime/model_roots.py`),
 and is verified and served through that descriptor, so a symlink or file swapped in afterwards
 changes nothing.
 
@@ -35,8 +35,8 @@ from anyio import to_thread
 
 from controlplane.services.errors import FileUnavailable
 from protocol.manifest import hash_stream
-from protocol.model_roots import SourceFileError, open_source_file
 from protocol.wire import ManifestEntry
+from runtime.model_roots import SourceFileError, open_source_file
 
 log = logging.getLogger("controlplane.model_files")
 

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from protocol import paths
 from protocol.monitoring import host_port, is_wildcard
-from protocol.settings import (
+from runtime import paths
+from runtime.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,

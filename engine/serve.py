@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
-from protocol.logs import configure_logging
+from runtime.logs import configure_logging
 
 log = logging.getLogger("engine.serve")
 
@@ -303,7 +303,7 @@ def run(config: ServeConfig) -> int:
 
 def log_start(config: ServeConfig) -> None:
     """The first log line: this process and its whole configuration. The API key in it is
-    redacted by the project's formatters (`protocol.logs`), like every secret of every line."""
+    redacted by the project's formatters (`runtime.logs`), like every secret of every line."""
     log.info("starting", extra={"pid": os.getpid(), "config": config.model_dump(mode="json")})
     if config.chaos.active:
         # Loud on purpose: an engine that fails requests on purpose must never go unnoticed.

@@ -40,8 +40,8 @@ from gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingT
 from gateway.settings import GatewaySettings, SettingsError
 from gateway.traffic import TrafficReporter, TrafficSink, TrafficWindows
 from gateway.upstream import UpstreamPool
-from protocol.logs import configure_logging
-from protocol.tls import TlsError, client_context
+from runtime.logs import configure_logging
+from runtime.tls import TlsError, client_context
 
 log = logging.getLogger("dctl.gateway")
 

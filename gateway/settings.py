@@ -23,7 +23,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from protocol.gateway import RouteTable
-from protocol.settings import (
+from runtime.settings import (
     FileBackedSettings,
     LogFormat,
     LogLevel,
@@ -31,7 +31,7 @@ from protocol.settings import (
     absolute_path,
     http_url,
 )
-from protocol.tls import TlsError, check_server_files, client_context
+from runtime.tls import TlsError, check_server_files, client_context
 
 __all__ = ["ENV_PREFIX", "GatewaySettings", "SettingsError", "load_gateway_settings"]
 

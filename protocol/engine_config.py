@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from protocol.tls import check_key_file, check_server_files
+from runtime.tls import check_key_file, check_server_files
 
 
 class ServeConfigError(ValueError):

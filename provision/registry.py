@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol import paths
+from runtime import paths
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.durations import parse_duration
+from runtime.durations import parse_duration
 
 
 @pytest.mark.parametrize(

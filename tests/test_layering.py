@@ -10,22 +10,24 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = (
-    "protocol", "client", "cli", "controlplane", "gateway", "agent", "engine", "tui", "provision",
-    "doctor",
+    "protocol", "runtime", "client", "cli", "controlplane", "gateway", "agent", "engine", "tui",
+    "provision", "doctor",
 )  # fmt: skip
 # What each part may import of the project (itself always). `cli` is the composition root.
 ALLOWED: dict[str, set[str]] = {
-    "protocol": set(),
-    "client": {"protocol"},
-    "engine": {"protocol"},
-    "agent": {"protocol"},
+    "runtime": set(),
+    # A contract's validators may check local files (an engine config's TLS key and certificate).
+    "protocol": {"runtime"},
+    "client": {"protocol", "runtime"},
+    "engine": {"protocol", "runtime"},
+    "agent": {"protocol", "runtime"},
     # alembic's migrations belong to the control plane's store.
-    "controlplane": {"protocol", "migrations"},
+    "controlplane": {"protocol", "runtime", "migrations"},
     # Their own processes and tools: they reach the control plane over its REST API only.
-    "gateway": {"protocol", "client"},
-    "provision": {"protocol", "client"},
-    "doctor": {"protocol", "client"},
-    "tui": {"protocol", "client"},
+    "gateway": {"protocol", "runtime", "client"},
+    "provision": {"protocol", "runtime", "client"},
+    "doctor": {"protocol", "runtime", "client"},
+    "tui": {"protocol", "runtime", "client"},
     "cli": set(PARTS) | {"migrations"},
 }
 # Third-party packages a part must stay importable without: the store and the servers' frameworks
@@ -33,6 +35,7 @@ ALLOWED: dict[str, set[str]] = {
 _STORE_AND_SERVERS = {"sqlmodel", "sqlalchemy", "alembic", "fastapi", "torch"}
 FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "protocol": {"textual"},
+    "runtime": {"textual"},
     "client": _STORE_AND_SERVERS | {"textual"},
     "engine": {"textual"},
     "agent": {"textual"},
@@ -47,6 +50,7 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
 # contracts use pydantic (+ pydantic-settings) and PyYAML.
 ONLY_THIRD_PARTY: dict[str, set[str]] = {
     "protocol": {"pydantic", "pydantic_settings", "pydantic_core", "yaml"},
+    "runtime": {"pydantic", "pydantic_settings", "pydantic_core", "yaml"},
 }
 
 
@@ -128,7 +132,9 @@ def test_every_part_has_its_rules() -> None:
         ("controlplane/bad.py", "import textual\n", "controlplane stays importable without"),
         ("controlplane/api/bad.py", "from gateway import app\n", "not gateway"),
         ("protocol/wire.py", "import sqlalchemy\n", "imports only the standard library and"),
-        ("protocol/bad.py", "from controlplane import models\n", "protocol imports only nothing"),
+        ("protocol/bad.py", "from controlplane import models\n", "protocol imports only runtime"),
+        ("runtime/bad.py", "from protocol import wire\n", "runtime imports only nothing"),
+        ("runtime/bad.py", "import httpx\n", "imports only the standard library and"),
         ("client/bad.py", "import sqlmodel\n", "without sqlmodel"),
         ("client/bad.py", "from controlplane.models import Host\n", "client imports only"),
         ("tui/bad.py", "from controlplane import db\n", "tui imports only client, protocol"),
@@ -167,6 +173,8 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
     (tmp_path / "cli" / "ok.py").write_text("def f():\n    import engine\n    import agent\n")
     (tmp_path / "tui" / "ok.py").write_text("import textual\nfrom client import http\n")
     (tmp_path / "protocol" / "ok.py").write_text("import pydantic\nimport yaml\nimport json\n")
+    (tmp_path / "runtime" / "ok.py").write_text("import pydantic_settings\nimport ssl\n")
+    (tmp_path / "agent" / "tls.py").write_text("from runtime.tls import client_context\n")
     (tmp_path / "controlplane" / "ok.py").write_text("import sqlmodel\nfrom protocol import wire\n")
     (tmp_path / "gateway" / "ok.py").write_text(
         "import httptools\nfrom client.http import AsyncControlPlaneClient\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.settings import SettingsError, load_controlplane_settings
-from protocol.logs import FORMATS, configure_logging, formatter
+from runtime.logs import FORMATS, configure_logging, formatter
 
 
 @pytest.fixture(autouse=True)

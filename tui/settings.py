@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from pydantic_settings import SettingsConfigDict
 
-from protocol.settings import FileBackedSettings
+from runtime.settings import FileBackedSettings
 from tui.health import Thresholds
 
 _DEFAULTS = Thresholds()

@@ -9,14 +9,14 @@ from pathlib import Path, PurePosixPath
 
 from sqlmodel import Session, col, select
 
-from controlplane.desired_state import keep_version_ids
 from controlplane.eventlog import record_event
+from controlplane.heartbeat.desired_state import keep_version_ids
 from controlplane.models import Instance, Model, ModelVersion
 from controlplane.services.errors import Conflict, Forbidden, Invalid, NotFound, NotLocal
-from protocol.model_roots import locate_in_roots
 from protocol.rest import RegisterVersionRequest, split_ref
 from protocol.sources import SourceUriError, check_source_uri, local_source_dir
 from protocol.wire import ManifestEntry
+from runtime.model_roots import locate_in_roots
 
 
 def list_models(session: Session) -> list[Model]:

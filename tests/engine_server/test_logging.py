@@ -1,4 +1,4 @@
-"""The engine logs through the project's redacting formatters (protocol.logs): its API key never
+"""The engine logs through the project's redacting formatters (runtime.logs): its API key never
 reaches a log line, not even in the configuration logged at start-up."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import yaml
 
 from engine.serve import log_start
 from protocol.engine_config import load_serve_config
-from protocol.logs import configure_logging
+from runtime.logs import configure_logging
 from tests.engine_server.conftest import MODEL
 
 KEY = "sk-engine-3c9d2f"  # not shaped like a dctl token: only the field name gives it away

@@ -23,7 +23,7 @@ from gateway.upstream import (
     ExchangeTimeout,
     UpstreamPool,
 )
-from protocol.tls import client_context
+from runtime.tls import client_context
 from tests.gateway.canned_engine import CannedEngine, refused_port
 
 

@@ -29,7 +29,7 @@ from sqlmodel import Session
 from controlplane.models import Event
 from controlplane.rollouts.controller import RolloutController
 from controlplane.rollouts.notify import Notifier
-from protocol.logs import configure_logging
+from runtime.logs import configure_logging
 from tests.agent.loopback import LoopbackServer
 from tests.controlplane.conftest import db_url, gpu, manifest, pg_url, sqlite_template
 from tests.security.live_controlplane import LiveControlPlane, V, live, serve

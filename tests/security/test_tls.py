@@ -35,8 +35,8 @@ from client.credentials import CredentialsFile, resolve
 from client.http import ClientError, ControlPlaneClient
 from protocol.engine_config import ServeConfigError, load_serve_config, validate_deployment_config
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from protocol.tls import TlsError, check_key_file, check_name, check_server_files, client_context
 from protocol.wire import RegisterRequest
+from runtime.tls import TlsError, check_key_file, check_name, check_server_files, client_context
 from tests.cli.conftest import DCTL, Dctl, free_port, isolated_env
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from protocol.durations import parse_duration
 from protocol.rollout_policy import MAX_INTERVAL_S, RolloutPolicy
 from protocol.rollouts import RolloutCreate
+from runtime.durations import parse_duration
 
 DEFAULT_CANARY = "10"
 DEFAULT_STEPS = "10,50,100"

@@ -19,7 +19,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource
 from pydantic_settings import SettingsError as SourceError
 
-from protocol import paths
+from runtime import paths
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["json", "kv"]
