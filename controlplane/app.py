@@ -29,11 +29,11 @@ from controlplane.api.deps import AppContext, finite_numbers
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
 from controlplane.auth import AgentTokenCache
-from controlplane.controllers import CONTROLLERS_LEASE, ControllerLoop, LeaderCollector
+from controlplane.controllers.host_health import HostHealthController, HostHealthMonitor
+from controlplane.controllers.lease import DatabaseLease, new_holder_id
+from controlplane.controllers.loop import CONTROLLERS_LEASE, ControllerLoop, LeaderCollector
 from controlplane.db import make_engine
-from controlplane.heartbeats import HeartbeatService
-from controlplane.hosthealth import HostHealthController, HostHealthMonitor
-from controlplane.lease import DatabaseLease, new_holder_id
+from controlplane.heartbeat.service import HeartbeatService
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.model_files import ModelFiles
 from controlplane.rollouts.controller import RolloutController

@@ -163,9 +163,9 @@ class AgentTokenCache:
     A hit spares a heartbeat the token query (the SHA-256 of the secret is still compared here),
     but not the check that matters across replicas: the heartbeat's own write verifies, in the
     same statement, that the token row is unrevoked, unexpired and bound to the host
-    (`controlplane.observed_state`), so a token revoked on any replica fails its next heartbeat
-    everywhere. Nothing else consults this cache: every other request authenticates against the
-    store. Entries live `ttl` (a minute) so that the heartbeat path still refreshes
+    (`controlplane.heartbeat.observed_state`), so a token revoked on any replica fails its next
+    heartbeat everywhere. Nothing else consults this cache: every other request authenticates
+    against the store. Entries live `ttl` (a minute) so that the heartbeat path still refreshes
     `last_used_at` at its resolution; only agent tokens bound to a host and without a uses limit
     are kept, and only after the store accepted them, so a client cannot fill the cache with
     secrets of its own making. It holds at most `max_entries` (least recently used go first):

@@ -10,7 +10,7 @@ from controlplane.api.deps import ContextDep, Registrant, SessionDep, get_contex
 from controlplane.api.errors import ApiError
 from controlplane.api.heartbeat_fastpath import FAST_PATH_ERROR
 from controlplane.auth import AuthError
-from controlplane.ratelimit import HeartbeatTooSoon, RegisterTooSoon
+from controlplane.heartbeat.rate_limit import HeartbeatTooSoon, RegisterTooSoon
 from controlplane.services.registration import register_agent as register
 from protocol.wire import HeartbeatReply, RegisterRequest, RegisterResponse
 

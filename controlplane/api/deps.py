@@ -24,11 +24,11 @@ from controlplane.auth import (
     consume_use,
 )
 from controlplane.auth import parse_authorization as parse_header
+from controlplane.controllers.host_health import HostHealthMonitor
 from controlplane.db import session_scope
-from controlplane.heartbeats import HeartbeatService
-from controlplane.hosthealth import HostHealthMonitor
+from controlplane.heartbeat.rate_limit import RegistrationRateLimit
+from controlplane.heartbeat.service import HeartbeatService
 from controlplane.metrics import ControlPlaneMetrics
-from controlplane.ratelimit import RegistrationRateLimit
 from controlplane.settings import ControlPlaneSettings
 from protocol.api_model import non_finite_number
 

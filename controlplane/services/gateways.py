@@ -1,8 +1,9 @@
 """Gateways that heartbeat: record a beat (the first registers the gateway), list them, liveness.
 
 A gateway is live while it heartbeats: silent for `GATEWAY_SILENT_INTERVALS` of its own interval,
-it is not (the rule hosts follow, `controlplane.hosthealth`). Rows of gateways silent for longer
-than the sample retention are pruned with the samples (a restarted gateway has a new id).
+it is not (the rule hosts follow, `controlplane.controllers.host_health`). Rows of gateways
+silent for longer than the sample retention are pruned with the samples (a restarted gateway
+has a new id).
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def register_agent(
     session.flush()
     assert host.id is not None
     # Observed state was written outside a heartbeat: every replica's memory of what it last
-    # wrote of this host is now stale (see controlplane.heartbeats).
+    # wrote of this host is now stale (see controlplane.heartbeat.service).
     session.execute(
         update(Host)
         .where(col(Host.id) == host.id)

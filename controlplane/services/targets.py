@@ -28,7 +28,7 @@ from urllib.parse import SplitResult, urlsplit
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from controlplane.hosthealth import health_for
+from controlplane.controllers.host_health import health_for
 from controlplane.models import Deployment, GatewayProcess, Host, Instance, Model, ModelVersion
 from controlplane.services.gateways import is_live
 from controlplane.services.placement import load_versions

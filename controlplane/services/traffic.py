@@ -20,9 +20,9 @@ import sqlalchemy as sa
 from sqlalchemy import insert
 from sqlmodel import Session, col, func, select
 
+from controlplane.heartbeat.samples import histogram_count_name, histogram_sum_name
 from controlplane.models import Deployment, Instance, MetricSample, Model, ModelVersion
 from controlplane.models import TrafficWindow as WindowRow
-from controlplane.samples import histogram_count_name, histogram_sum_name
 from controlplane.services.deployments import get_deployment
 from controlplane.services.errors import Invalid
 from controlplane.services.placement import load_versions

@@ -9,10 +9,10 @@ from datetime import datetime, timedelta
 import pytest
 from sqlalchemy.engine import Engine
 
-from controlplane.controllers import ControllerLoop
+from controlplane.controllers.host_health import HostHealthController
+from controlplane.controllers.lease import DatabaseLease, new_holder_id
+from controlplane.controllers.loop import ControllerLoop
 from controlplane.db import make_engine
-from controlplane.hosthealth import HostHealthController
-from controlplane.lease import DatabaseLease, new_holder_id
 from tests.controlplane.conftest import FakeClock
 
 PERIOD = timedelta(seconds=5)

@@ -28,10 +28,14 @@ import sqlalchemy as sa
 from sqlmodel import Session
 
 from controlplane.auth import AgentTokenCache, Principal, Role, authenticate
-from controlplane.heartbeats import DEFAULT_WRITER_THREADS, WRITER_THREADS
-from controlplane.observed_state import MAX_REMEMBERED_INSTANCES, HostMemory, ObservedStateWriter
-from controlplane.ratelimit import HEARTBEAT_BURST, HeartbeatRateLimit
-from controlplane.samples import MAX_SERIES_PER_BUCKET, HostSampleBucket
+from controlplane.heartbeat.observed_state import (
+    MAX_REMEMBERED_INSTANCES,
+    HostMemory,
+    ObservedStateWriter,
+)
+from controlplane.heartbeat.rate_limit import HEARTBEAT_BURST, HeartbeatRateLimit
+from controlplane.heartbeat.samples import MAX_SERIES_PER_BUCKET, HostSampleBucket
+from controlplane.heartbeat.service import DEFAULT_WRITER_THREADS, WRITER_THREADS
 from protocol.wire import Heartbeat, InstanceMetrics, InstanceState, ObservedInstance
 from tests.controlplane.conftest import Api, api, db_url, pg_url, sqlite_template
 from tests.security.live_controlplane import LiveControlPlane, V, live

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from controlplane.ratelimit import (
+from controlplane.heartbeat.rate_limit import (
     REGISTER_BURST,
     REGISTER_REFILL_S,
     RegisterTooSoon,

@@ -1,7 +1,7 @@
 """Host health: a host with no heartbeat for 3 intervals is not_ready, after 10 unreachable.
 
 `HostHealthMonitor` holds the rules; `HostHealthController` runs them as a controller (on the
-replica that holds the controllers' lease, see `controlplane.controllers`).
+replica that holds the controllers' lease, see `loop`).
 """
 
 from __future__ import annotations

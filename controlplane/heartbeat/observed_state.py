@@ -3,7 +3,7 @@
 The host row is touched every time (last seen, applied generation, latest GPU samples, and
 `heartbeat_seq` + 1), in an UPDATE whose WHERE clause also re-checks the agent's token row.
 The rest is written only when it changed: facts, the GPU set, each instance's observed state,
-the advertise address, metric samples once per 10 s bucket (`controlplane.samples`).
+the advertise address, metric samples once per 10 s bucket (`samples`).
 
 "Changed" is judged against `HostMemory`, what this replica last wrote of the host. That memory
 is trusted only while this replica is the host's only writer: `heartbeat_seq` grows with every
@@ -25,9 +25,9 @@ from sqlalchemy.engine import Connection, Engine
 from sqlmodel import col
 
 from controlplane.auth import Principal, TokenRefused
-from controlplane.desired_state import DEFAULT_BIND_ADDRESS
+from controlplane.heartbeat.desired_state import DEFAULT_BIND_ADDRESS
+from controlplane.heartbeat.samples import HostSampleBucket
 from controlplane.models import Deployment, Event, Gpu, Instance, UTCDateTime
-from controlplane.samples import HostSampleBucket
 from protocol.wire import GpuStatus, Heartbeat, HostState, ModelVersionRef
 
 _GPU_LIST = TypeAdapter(list[GpuStatus])

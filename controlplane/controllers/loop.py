@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 
-from controlplane.lease import DatabaseLease
+from controlplane.controllers.lease import DatabaseLease
 
 log = logging.getLogger("controlplane.controllers")
 

@@ -2,16 +2,16 @@
 
 `HeartbeatService.answer` is the one implementation; the fast lane (api/heartbeat_fastpath.py)
 and the regular route both call it. In the steady state a heartbeat costs one statement: an
-UPDATE ... RETURNING of the host row (`controlplane.observed_state`) whose WHERE clause also
-checks that the agent's token row is still unrevoked, unexpired and bound to this host. So the
-token cache only spares the token lookup, and a token revoked on any replica fails its next
-heartbeat on every replica. The desired state is rebuilt (and its JSON cached) only when the
-host's generation moved.
+UPDATE ... RETURNING of the host row (`observed_state`) whose WHERE clause also checks that the
+agent's token row is still unrevoked, unexpired and bound to this host. So the token cache only
+spares the token lookup, and a token revoked on any replica fails its next heartbeat on every
+replica. The desired state is rebuilt (and its JSON cached) only when the host's generation
+moved.
 
 Only verified work waits for the writer: a token is checked (read only) in the shared thread
-pool and the host's rate limit (`controlplane.ratelimit`) before anything is queued there, so
-made-up tokens, other roles' tokens and hosts heartbeating too fast are answered without it.
-What the writer then does for a token besides the heartbeat is `last_used_at`, once a minute.
+pool and the host's rate limit (`rate_limit`) before anything is queued there, so made-up tokens,
+other roles' tokens and hosts heartbeating too fast are answered without it. What the writer then
+does for a token besides the heartbeat is `last_used_at`, once a minute.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from controlplane.auth import (
     touch_last_used,
 )
 from controlplane.db import session_scope
-from controlplane.desired_state import desired_instances, keep_digests, prefetch
-from controlplane.observed_state import HostMemory, ObservedStateWriter
-from controlplane.ratelimit import MAX_TRACKED_HOSTS, HeartbeatRateLimit
-from controlplane.samples import HostSampleBucket
+from controlplane.heartbeat.desired_state import desired_instances, keep_digests, prefetch
+from controlplane.heartbeat.observed_state import HostMemory, ObservedStateWriter
+from controlplane.heartbeat.rate_limit import MAX_TRACKED_HOSTS, HeartbeatRateLimit
+from controlplane.heartbeat.samples import HostSampleBucket
 from controlplane.services.errors import DomainError, Forbidden
 from controlplane.services.placement import place_fleet
 from protocol.wire import DesiredInstance, Heartbeat, HeartbeatReply, HostState
@@ -68,7 +68,7 @@ class UnknownHostError(DomainError):
 # each database round trip (measured: 4 beat both the shared pool and 2).
 WRITER_THREADS = {"sqlite": 1}
 DEFAULT_WRITER_THREADS = 4
-# Heartbeats a host may send per heartbeat interval, on average (see controlplane.ratelimit).
+# Heartbeats a host may send per heartbeat interval, on average (see `rate_limit`).
 DEFAULT_MAX_PER_INTERVAL = 4.0
 
 
