@@ -2,7 +2,7 @@
 
 The stack is one fleet for the whole session: `dctl server` (SQLite), `dctl agent` with two fake
 GPUs running one engine of deployment `demo` (tiny demo checkpoint), and `dctl gateway` in
-front. Prometheus runs with `deploy/prometheus/prometheus.yml` and `alerts.yml` as shipped, a
+front. Prometheus runs with `monitoring/prometheus/prometheus.yml` and `alerts.yml` as shipped, a
 1 s scrape interval and a `file_sd` targets file this fixture writes itself with the labels
 `dctl metrics targets` attaches (role, host, deployment, version, instance_id).
 
@@ -31,7 +31,7 @@ from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, free_port, stop_st
 from tests.gateway_e2e.conftest import Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy" / "prometheus"
+PROMETHEUS_DIR = ROOT / "monitoring" / "prometheus"
 HOST = "obs-host"
 # The labels below are the ones `dctl metrics targets` writes: engines get `version`
 # MODEL:VERSION, gateways no deployment or version (their series carry their own).
@@ -109,9 +109,9 @@ def start_prometheus(home: Path, targets: list[dict[str, Any]]) -> Prometheus:
     work.mkdir()
     # Written once before start, then only ever replaced atomically (as `--watch` does).
     (work / "targets.json").write_text(json.dumps(targets, indent=2))
-    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
     config["global"].update(scrape_interval=SCRAPE_INTERVAL, evaluation_interval=SCRAPE_INTERVAL)
-    config["rule_files"] = [str(DEPLOY / "alerts.yml")]
+    config["rule_files"] = [str(PROMETHEUS_DIR / "alerts.yml")]
     [job] = config["scrape_configs"]
     job["file_sd_configs"] = [{"files": [str(work / "targets.json")], "refresh_interval": "5s"}]
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))

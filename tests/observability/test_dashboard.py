@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import re
 
-from deploy.grafana.__main__ import OUTPUT
-from deploy.grafana.dctl_dashboard import DASHBOARD
+from monitoring.grafana.__main__ import OUTPUT
+from monitoring.grafana.dctl_dashboard import DASHBOARD
 
 
 def test_dctl_json_is_what_the_generator_writes() -> None:
     assert OUTPUT.read_text() == DASHBOARD.to_json(), (
-        "deploy/grafana/dctl.json differs from the code: run python -m deploy.grafana"
+        "monitoring/grafana/dctl.json differs from the code: run python -m monitoring.grafana"
     )
 
 

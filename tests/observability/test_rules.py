@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
-from tests.observability.conftest import DEPLOY
+from tests.observability.conftest import PROMETHEUS_DIR
 
-ALERTS = DEPLOY / "alerts.yml"
-ALERT_TESTS = DEPLOY / "alerts_test.yml"
+ALERTS = PROMETHEUS_DIR / "alerts.yml"
+ALERT_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -36,7 +36,7 @@ def test_the_alert_unit_tests_pass(promtool: str) -> None:
 
 def test_the_example_config_is_valid_next_to_a_targets_file(promtool: str, tmp_path: Path) -> None:
     for name in ("prometheus.yml", "alerts.yml"):
-        shutil.copy(DEPLOY / name, tmp_path / name)
+        shutil.copy(PROMETHEUS_DIR / name, tmp_path / name)
     (tmp_path / "targets.json").write_text("[]")
     result = run(promtool, "check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.grafana.dctl_dashboard import DASHBOARD
+from monitoring.grafana.dctl_dashboard import DASHBOARD
 from tests.agent_e2e.conftest import wait_for
-from tests.observability.conftest import DEPLOY, ObservedStack
+from tests.observability.conftest import PROMETHEUS_DIR, ObservedStack
 
 # The session stack's start-up counts against the first test that asks for it: about 30 s on
 # an idle 2-core machine, 260 s once while a CPU-bound job held both cores.
@@ -64,7 +64,7 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
 
 
 def alert_rules() -> list[tuple[str, str]]:
-    groups = yaml.safe_load((DEPLOY / "alerts.yml").read_text())["groups"]
+    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
     return [(r["alert"], r["expr"]) for g in groups for r in g["rules"] if "alert" in r]
 
 

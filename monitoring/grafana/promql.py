@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deploy.grafana.dashboard import Target
+from monitoring.grafana.dashboard import Target
 
 RATE = "$__rate_interval"
 DEPLOYMENT = 'deployment=~"$deployment"'

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deploy.grafana.dashboard import Panel, Row, Target
-from deploy.grafana.promql import HOST
+from monitoring.grafana.dashboard import Panel, Row, Target
+from monitoring.grafana.promql import HOST
 
 FLEET = Row(
     "Fleet",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from deploy.grafana.dashboard import Panel, Row, Target
-from deploy.grafana.promql import DEPLOYMENT, ROUTED, mean, percentiles, quantile, rate
+from monitoring.grafana.dashboard import Panel, Row, Target
+from monitoring.grafana.promql import DEPLOYMENT, ROUTED, mean, percentiles, quantile, rate
 
 GATEWAY = Row(
     "Gateway by version",

@@ -1,1 +1,0 @@
-"""The Grafana dashboard, generated from code (`python -m deploy.grafana`)."""

@@ -1,0 +1,1 @@
+"""The Grafana dashboard, generated from code (`python -m monitoring.grafana`)."""
