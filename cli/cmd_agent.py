@@ -1,17 +1,14 @@
 """`dctl agent`: the per-host agent, its preflight checks and snapshot re-verification.
 
-Every setting comes from `agent.settings` (defaults < `[agent]` table of the config file <
-`DCTL_AGENT_*` env < these flags); a flag left out here is None and does not override. Everything
-of `agent` is imported inside the commands, so `dctl --help` stays light.
+An adapter: flags -> `agent.settings` (defaults < `[agent]` table of the config file <
+`DCTL_AGENT_*` env < these flags; a flag left out here is None and does not override) ->
+`agent.main.run`. Everything of `agent` is imported inside the commands, so `dctl --help` stays
+light.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +18,6 @@ from cli.exits import USAGE, fail
 from cli.output import JSON_OPTION, print_json, print_table
 
 if TYPE_CHECKING:
-    from agent.gpu import BackendSelection
     from agent.settings import AgentSettings
 
 agent_app = typer.Typer(
@@ -62,27 +58,6 @@ def _settings(config: Path | None, **flags: Any) -> AgentSettings:
         return load_agent_settings(config, **flags)
     except SettingsError as exc:
         fail(str(exc), USAGE)
-
-
-def _select(settings: AgentSettings) -> BackendSelection:
-    from agent.gpu import FakeBackend, select_backend
-
-    selection = select_backend(settings.gpu_backend, settings.fake_gpus)
-    if settings.fake_faults:
-        if not isinstance(selection.backend, FakeBackend):
-            fail("fake_faults (--fake-faults): only the fake GPU backend takes faults", USAGE)
-        selection.backend.inject(settings.fake_faults)  # validated with the settings
-    return selection
-
-
-def _preflight_config(settings: AgentSettings) -> Any:
-    from agent.preflight import PreflightConfig
-
-    return PreflightConfig(
-        data_dir=settings.data_dir,
-        expected_gpus=settings.expected_gpus,
-        min_driver_version=settings.min_driver,
-    )
 
 
 @agent_app.callback(invoke_without_command=True)
@@ -197,172 +172,25 @@ def agent(
         allow_root=allow_root or None,
         log_level=log_level,
     )
-    if not settings.control_plane:
-        fail(
-            "control_plane is required: --control-plane URL, env DCTL_AGENT_CONTROL_PLANE, or "
-            "control_plane in the [agent] table of the config file",
-            USAGE,
-        )
-    if os.geteuid() == 0 and not settings.allow_root:
-        fail(
-            "refusing to run as root: run the agent as an ordinary user (engines and snapshots "
-            "need no root), or pass --allow-root"
-        )
-    from agent.settings import SettingsError
-    from runtime.logs import configure_logging
-
-    configure_logging(settings.log_level, settings.log_format)
-    try:
-        token = settings.read_bootstrap_token()
-        tls_warnings = settings.check_tls()
-    except SettingsError as exc:
-        fail(str(exc), USAGE)
-    for warning in tls_warnings:
-        logging.getLogger("dctl.agent").warning("%s", warning)
+    notices: list[str] = []
     source = ctx.get_parameter_source("bootstrap_token")  # typer vendors click: match by name
     if source is not None and source.name == "COMMANDLINE":
-        logging.getLogger("dctl.agent").warning(
+        notices.append(
             "--bootstrap-token on the command line is visible to every user of this host "
             "(ps, /proc): pass --bootstrap-token-file FILE (0600) or env DCTL_BOOTSTRAP_TOKEN"
         )
-    _run_agent(settings, settings.control_plane, token, _advertise_address(settings))
+    from agent.errors import AgentFailure
+    from agent.main import run
+    from agent.settings import SettingsError
 
-
-def _advertise_address(settings: AgentSettings) -> str:
-    from agent.host_facts import route_address
-
-    if settings.advertise_address:
-        return settings.advertise_address
-    assert settings.control_plane is not None
     try:
-        return route_address(settings.control_plane)
-    except OSError as exc:
-        fail(
-            f"advertise_address: no route to {settings.control_plane} to take it from ({exc}); "
-            "pass --advertise-address with the address other machines reach this host at",
-            USAGE,
-        )
-
-
-def _run_agent(
-    settings: AgentSettings, control_plane: str, bootstrap_token: str | None, advertise: str
-) -> None:
-    from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, UnusableIdentity
-    from agent.engine_process import HttpMetricsScraper, HttpProber, SubprocessLauncher
-    from agent.host_facts import default_host_name
-    from agent.instance_spec import SupervisorPolicy
-    from agent.metrics import AgentMetrics
-    from agent.preflight import run_preflight
-    from agent.private_files import private_dir, write_private
-    from agent.runtime import Agent, AgentConfig
-    from agent.snapshots import SnapshotStore
-    from agent.supervisor import Supervisor
-    from protocol.monitoring import metrics_url
-    from runtime.tls import TlsError, check_name, client_context
-
-    log = logging.getLogger("dctl.agent")
-    if control_plane.startswith("http://") and not _loopback(control_plane):
-        log.warning(
-            "the control plane %s is plain HTTP: the agent token travels in clear; serve it "
-            "over HTTPS (dctl server --tls-cert/--tls-key) and use an https:// URL",
-            control_plane,
-        )
-    metrics_tls = _pair(settings.metrics_tls_cert, settings.metrics_tls_key)
-    engine_tls = _pair(settings.engine_tls_cert, settings.engine_tls_key)
-    if engine_tls is not None:
-        # The agent probes engines there, and the gateway reaches them there: a certificate
-        # without that name would leave every engine "not ready" with no word why.
-        try:
-            check_name(*engine_tls, advertise)
-        except TlsError as exc:
-            fail(f"engine_tls_cert (--engine-tls-cert): {exc}", USAGE)
-    control_plane_tls = client_context(settings.ca_file)  # checked with the settings
-    data_dir = settings.data_dir
-    try:
-        # Before anything is written there: the token, engine configs and pid files live below.
-        private_dir(data_dir)
-        private_dir(data_dir / "agent")
-    except OSError as exc:
-        fail(f"data_dir (--data-dir): {exc}", USAGE)
-    selection = _select(settings)
-    if selection.warning:
-        log.warning("%s", selection.warning)
-    report = run_preflight(selection, _preflight_config(settings))
-    for check in report.checks:
-        level = {"pass": logging.INFO, "warn": logging.WARNING, "fail": logging.ERROR}
-        log.log(level[check.status], "preflight %s: %s: %s", check.name, check.status, check.reason)
-    agent_metrics = AgentMetrics()
-    host, port = settings.metrics_host, settings.metrics_port
-    try:
-        bound = agent_metrics.serve(port, host, metrics_tls)
-    except OSError as exc:
-        fail(f"--metrics-port {port} on {host}: {exc.strerror}; pass a free port (0: any)")
-    write_private(data_dir / "agent" / "metrics-port", f"{bound}\n")
-    # The port actually bound (0 picks one) at an address other machines reach: reported in
-    # heartbeats, so the control plane lists it as a scrape target.
-    scrape_at = metrics_url("https" if metrics_tls else "http", host, bound, advertise)
-    log.info("agent /metrics on %s", scrape_at)
-    log.info("engines listen on (and are advertised at) %s", advertise)
-    # Engines serve the agent's own certificate: that certificate is all the probes trust.
-    engine_trust = client_context(engine_tls[0]) if engine_tls else None
-    supervisor = Supervisor(
-        data_dir / "agent" / "run",
-        SubprocessLauncher(),
-        HttpProber(tls=engine_trust),
-        policy=SupervisorPolicy(startup_grace_s=settings.startup_grace_s),
-    )
-    config = AgentConfig(
-        control_plane=control_plane,
-        data_dir=data_dir,
-        bootstrap_token=bootstrap_token,
-        host_name=settings.name or default_host_name(),
-        advertise_address=advertise,
-        labels=settings.labels,
-        port_range=settings.ports,
-        stop_engines_on_exit=settings.stop_engines_on_exit,
-        engine_tls=engine_tls,
-        metrics_url=scrape_at,
-    )
-    runtime = Agent(
-        config,
-        selection,
-        report,
-        SnapshotStore(
-            data_dir / "snapshots", tls=control_plane_tls, model_roots=settings.model_roots
-        ),
-        supervisor,
-        ControlPlaneLink(control_plane, tls=control_plane_tls),
-        metrics=agent_metrics,
-        fetch_metrics=HttpMetricsScraper(tls=engine_trust),
-    )
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %s: shutting down", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    try:
-        runtime.run(stop)
-    except (ControlPlaneRejected, UnusableIdentity) as exc:
+        code = run(settings, notices=notices)
+    except SettingsError as exc:
+        fail(str(exc), USAGE)
+    except AgentFailure as exc:
         fail(str(exc))
-
-
-def _pair(cert: Path | None, key: Path | None) -> tuple[str, str] | None:
-    """(certificate, key) as paths, or None; `AgentSettings.check_tls` made sure both or none."""
-    return (str(cert), str(key)) if cert is not None and key is not None else None
-
-
-def _loopback(url: str) -> bool:
-    import ipaddress
-    from urllib.parse import urlsplit
-
-    host = urlsplit(url).hostname or ""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    if code:
+        raise typer.Exit(code)
 
 
 def _gib(value: int | None) -> str | None:
@@ -382,7 +210,9 @@ def preflight(
 ) -> None:
     """Check drivers, GPUs, disk and torch on this host; exit 1 when a check fails."""
     from agent.gpu import na
+    from agent.main import preflight_config, select_gpus
     from agent.preflight import run_preflight
+    from agent.settings import SettingsError
 
     settings = _settings(
         config,
@@ -393,8 +223,11 @@ def preflight(
         expected_gpus=expected_gpus,
         min_driver=min_driver,
     )
-    selection = _select(settings)
-    report = run_preflight(selection, _preflight_config(settings))
+    try:
+        selection = select_gpus(settings)
+    except SettingsError as exc:
+        fail(str(exc), USAGE)
+    report = run_preflight(selection, preflight_config(settings))
     sample = None
     if selection.backend is not None:
         from agent.gpu import GpuError
