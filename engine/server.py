@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,19 +33,19 @@ from engine.api_requests import (
     parse_body,
     sampling_params,
 )
-from engine.async_engine import AsyncEngine, ClientGone, EngineStopped, QueueFull
+from engine.async_engine import AsyncEngine
 from engine.chaos import Chaos
-from engine.errors import EngineError, InvalidParams
+from engine.errors import EngineError, EngineStopped, InvalidParams, QueueFull, RequestAbandoned
 from engine.metrics import EngineMetrics
 from engine.params import SamplingParams
-from engine.request_guards import authorize, read_body
+from engine.request_guards import authorize, client_gone, read_body
 from engine.request_log import RequestLog
 from protocol.engine_config import ServeConfig
 from protocol.openai import (
-    ApiError,
     BaseRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    OpenAIErrorReply,
     Usage,
     chat_body,
     chat_chunk,
@@ -53,6 +53,7 @@ from protocol.openai import (
     completion_chunk,
     new_id,
 )
+from runtime.asgi_body import until_disconnected
 
 log = logging.getLogger("engine.server")
 
@@ -98,12 +99,7 @@ class DisconnectWatch:
     """
 
     def __init__(self, request: Request) -> None:
-        self._task = asyncio.create_task(self._watch(request.receive))
-
-    @staticmethod
-    async def _watch(receive: Callable[[], Awaitable[Any]]) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        self._task = asyncio.create_task(until_disconnected(request.receive))
 
     async def gone(self) -> bool:
         """True once the client has disconnected."""
@@ -114,7 +110,7 @@ class DisconnectWatch:
         self._task.cancel()
 
 
-def _error_response(err: ApiError) -> JSONResponse:
+def _error_response(err: OpenAIErrorReply) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
@@ -126,8 +122,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(RequestLog)
     chaos = Chaos(config.chaos)
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(OpenAIErrorReply)
+    async def _api_error(request: Request, exc: OpenAIErrorReply) -> JSONResponse:
         if exc.metric_reason:
             metrics.record_error(exc.metric_reason)
         return _error_response(exc)
@@ -135,22 +131,22 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown routes and wrong methods keep the OpenAI error shape.
-        return _error_response(ApiError(exc.status_code, str(exc.detail)))
+        return _error_response(OpenAIErrorReply(exc.status_code, str(exc.detail)))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error on %s", request.url.path)
         metrics.record_error("engine_error")
-        body = ApiError(500, "internal error; see the server log").body()
+        body = OpenAIErrorReply(500, "internal error; see the server log").body()
         return JSONResponse(body, status_code=500)
 
     def require_ready() -> ServedModel:
         if state.draining:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 503, "the server is shutting down; retry on another instance", code="draining"
             )
         if state.model is None:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 503,
                 f"the model is not ready ({state.phase}); retry shortly",
                 code="not_ready",
@@ -161,7 +157,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def parse(request: Request, schema: type[BaseRequest]) -> Any:
         body = parse_body(await read_body(request, config.service.max_body_bytes), schema)
         if body.model != config.model.name:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 404,
                 f"model {body.model!r} is not served here; this server serves "
                 f"{config.model.name!r}",
@@ -184,14 +180,14 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             return request_id, served.engine.submit(request_id, prompt, params)
         except QueueFull:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 429,
                 f"the server is at capacity (queue full); retry after {RETRY_AFTER_S} s",
                 code="queue_full",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             ) from None
         except EngineStopped:
-            raise ApiError(503, "the server is shutting down", code="draining") from None
+            raise OpenAIErrorReply(503, "the server is shutting down", code="draining") from None
 
     def deadline() -> float:
         return time.monotonic() + config.service.request_timeout_s
@@ -214,18 +210,20 @@ def create_app(state: ServerState) -> FastAPI:
             watch.close()
         return "".join(text), reason, stats
 
-    def stream_error(exc: Exception) -> ApiError:
+    def stream_error(exc: Exception) -> OpenAIErrorReply:
         """What a request that failed after admission answers."""
         if isinstance(exc, TimeoutError):
             limit = config.service.request_timeout_s
-            return ApiError(504, f"the request took longer than {limit:g} s", code="timeout")
-        if isinstance(exc, ClientGone):
-            return ApiError(499, "the client closed the request", code="client_gone")
+            return OpenAIErrorReply(
+                504, f"the request took longer than {limit:g} s", code="timeout"
+            )
+        if isinstance(exc, RequestAbandoned):
+            return client_gone()
         if isinstance(exc, EngineStopped):
-            return ApiError(503, "aborted: the server is shutting down", code="draining")
+            return OpenAIErrorReply(503, "aborted: the server is shutting down", code="draining")
         if isinstance(exc, InvalidParams):
             return params_error(exc)
-        return ApiError(503, f"the engine failed this request: {exc}", code="engine_error")
+        return OpenAIErrorReply(503, f"the engine failed this request: {exc}", code="engine_error")
 
     def usage_of(stats: Any, prompt_len: int, completion_tokens: int) -> Usage:
         prompt = stats.prompt_tokens if stats is not None else prompt_len
@@ -263,7 +261,7 @@ def create_app(state: ServerState) -> FastAPI:
                         if include_usage:
                             usage = usage_of(u.stats, prompt_len, generated)
                             yield f"data: {json.dumps(frame('', None, usage))}\n\n"
-            except ClientGone:
+            except RequestAbandoned:
                 return
             except (TimeoutError, EngineError) as exc:
                 # Headers are gone already: report in-band, in the OpenAI error shape.
@@ -329,7 +327,7 @@ def create_app(state: ServerState) -> FastAPI:
         # Off the event loop: probes and streams stay answered while a long prompt tokenizes.
         prompts = await asyncio.to_thread(completion_prompts, body.prompt, served.tokenizer)
         if body.stream and len(prompts) != 1:
-            raise ApiError(400, "stream=true takes exactly one prompt", param="prompt")
+            raise OpenAIErrorReply(400, "stream=true takes exactly one prompt", param="prompt")
         params = sampling_params(body, config.model, body.max_tokens, None, served.default_block)
         for prompt in prompts:
             validate(served, params, prompt)
@@ -337,7 +335,7 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             for prompt in prompts:
                 admitted.append(admit(served, prompt, params))
-        except ApiError:
+        except OpenAIErrorReply:
             for request_id, _ in admitted:
                 served.engine.abort(request_id)
             raise

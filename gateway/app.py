@@ -33,22 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
-from gateway.asgi import (
-    ClientGone,
-    Receive,
-    Scope,
-    Send,
-    header_map,
-    read_body,
-    send_bytes,
-    send_error,
-    send_json,
-)
+from gateway.asgi import Receive, Scope, Send, header_map, send_bytes, send_error, send_json
 from gateway.errors import GatewayError, not_found
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.proxy import CLIENT_GONE, Forwarded, ForwardRequest, Proxy
+from gateway.proxy import Forwarded, ForwardRequest, Proxy
 from gateway.routes import ClientGrant, Routes, RoutingTable
 from protocol.gateway import Pool
+from runtime.asgi_body import CLIENT_CLOSED_REQUEST, BodyTooLarge, ClientGone, read_body
 
 log = logging.getLogger("dctl.gateway.requests")
 
@@ -198,7 +189,7 @@ class GatewayApp:
                 await self._refuse(send, error, request_id, scope, received_at, grant)
                 return
             except ClientGone:
-                self.metrics.count(None, CLIENT_GONE)
+                self.metrics.count(None, CLIENT_CLOSED_REQUEST)
                 return
             request = ForwardRequest(
                 path=scope["path"].encode(),
@@ -224,6 +215,13 @@ class GatewayApp:
         try:
             async with asyncio.timeout(timeout_s):
                 return await read_body(receive, declared, self.limits.max_body_bytes)
+        except BodyTooLarge as exc:
+            raise GatewayError(
+                413,
+                f"request body is larger than this gateway's limit of {exc.limit} bytes "
+                "(max_body_bytes)",
+                code="request_too_large",
+            ) from None
         except TimeoutError:
             raise GatewayError(
                 408,

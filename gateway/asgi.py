@@ -1,7 +1,8 @@
-"""The few ASGI pieces the gateway's plain app needs: headers in, body in, JSON out.
+"""The few ASGI pieces the gateway's plain app needs: headers in, JSON out.
 
 The gateway is a bare ASGI callable under uvicorn (no framework): on a path that only moves
-bytes, a framework's request and response objects would be most of the cost.
+bytes, a framework's request and response objects would be most of the cost. Bodies are read under
+their limit by `runtime.asgi_body`, as in every dctl server.
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.errors import GatewayError
-from protocol.openai import ApiError
+from protocol.openai import OpenAIErrorReply
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,43 +44,9 @@ async def send_bytes(
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, error: ApiError, request_id: bytes | None = None) -> None:
+async def send_error(send: Send, error: OpenAIErrorReply, request_id: bytes | None = None) -> None:
     """ERROR in OpenAI's shape, with its headers (`Retry-After`) and the request id."""
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in error.headers.items()]
     if request_id is not None:
         headers.append((b"x-request-id", request_id))
     await send_json(send, error.status, error.body(), headers)
-
-
-async def read_body(receive: Receive, declared: bytes | None, limit: int) -> bytes:
-    """The whole request body, refused with a 413 as soon as it is known to exceed LIMIT bytes:
-    up front when its `content-length` (DECLARED) says so, else while it arrives."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(limit)
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(limit)
-            parts.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request was read."""
-
-
-def _too_large(limit: int) -> GatewayError:
-    return GatewayError(
-        413,
-        f"request body is larger than this gateway's limit of {limit} bytes (max_body_bytes)",
-        code="request_too_large",
-    )

@@ -41,6 +41,7 @@ from gateway.upstream import (
     UpstreamPool,
 )
 from protocol.gateway import Pool
+from runtime.asgi_body import CLIENT_CLOSED_REQUEST, until_disconnected
 
 # Response headers that describe the engine's connection, not the answer, or that the gateway
 # sets itself.
@@ -51,7 +52,6 @@ _DROPPED_HEADERS = frozenset(
         b"x-dctl-version", b"x-dctl-instance",
     }
 )  # fmt: skip
-CLIENT_GONE = 499  # nginx's code for "the client closed the request first"
 
 
 @dataclass
@@ -137,10 +137,11 @@ class Proxy:
             if not progress.client_gone:
                 raise
             task.uncancel()
+            gone = CLIENT_CLOSED_REQUEST
             if progress.pool is not None:
-                self._finish(progress.pool, CLIENT_GONE, None, request, progress.ttft_s, 0)
+                self._finish(progress.pool, gone, None, request, progress.ttft_s, 0)
             return Forwarded(
-                CLIENT_GONE, progress.pool, progress.instance, progress.retries, "client left"
+                gone, progress.pool, progress.instance, progress.retries, "client left"
             )
         finally:
             progress.done = True
@@ -383,8 +384,7 @@ class Proxy:
 
 async def _watch_disconnect(receive: Receive, progress: _Progress, task: asyncio.Task[Any]) -> None:
     """Cancel TASK when the client disconnects before its response is complete."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    await until_disconnected(receive)
     if not progress.done:
         progress.client_gone = True
         task.cancel()

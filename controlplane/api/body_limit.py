@@ -32,6 +32,7 @@ from controlplane.api.deps import AppContext, RoleGate, authorize
 from controlplane.api.errors import ApiError, error_response
 from controlplane.auth import Role
 from protocol.wire import HEARTBEAT_PATH
+from runtime.asgi_body import bounded
 
 ORDINARY_BODY_LIMIT = 1 << 20
 HEARTBEAT_BODY_LIMIT = 1 << 20
@@ -192,17 +193,7 @@ class RequestBodyLimit:
         self, scope: Scope, receive: Receive, send: Send, where: str, limit: int
     ) -> None:
         """Pass a chunked body on, counting it; past `limit` reading stops with a 413."""
-        received = 0
         started = False
-
-        async def receive_limited() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge(where, limit)
-            return message
 
         async def send_tracked(message: Message) -> None:
             nonlocal started
@@ -211,7 +202,8 @@ class RequestBodyLimit:
             await send(message)
 
         try:
-            await self.app(scope, receive_limited, send_tracked)
+            limited = bounded(receive, limit, lambda: BodyTooLarge(where, limit))
+            await self.app(scope, limited, send_tracked)
         except BodyTooLarge as exc:
             if started:
                 raise
