@@ -110,6 +110,37 @@ def all_violations(root: Path = ROOT) -> list[str]:
     return problems
 
 
+# Inside a part: a package that reaches others of it through one ports module only, which names
+# what it uses. (package, its ports module, the packages reached, what may still be imported
+# directly: the services' domain errors are the control plane's shared vocabulary.)
+PORTS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
+    (
+        "controlplane.rollouts",
+        "controlplane.rollouts.ports",
+        ("controlplane.services", "controlplane.planner"),
+        ("controlplane.services.errors",),
+    ),
+]
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+def port_violations(root: Path = ROOT) -> list[str]:
+    """Every import that reaches past a package's ports module."""
+    problems = []
+    for package, port, reached, direct in PORTS:
+        for path in sorted((root / package.replace(".", "/")).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            if module == port:
+                continue
+            for imported in sorted(imports_of(path, root)):
+                if _within(imported, reached) and not _within(imported, direct):
+                    problems.append(f"{module} imports {imported}: {package} uses it via {port}")
+    return problems
+
+
 def test_the_tree_respects_the_layering() -> None:
     assert all_violations() == []
 
@@ -190,3 +221,31 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
         "def f():\n    from gateway import main\n    import provision.ssh\n    import doctor\n"
     )
     assert all_violations(tmp_path) == []
+
+
+def test_rollouts_reach_the_services_through_their_ports() -> None:
+    assert port_violations() == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from controlplane.services.placement import bump_generation\n",
+        "def f():\n    from controlplane.planner import plan_fleet\n",
+        "from ..services import traffic\n",
+    ],
+)
+def test_an_import_past_the_ports_is_caught(tmp_path: Path, source: str) -> None:
+    rollouts = tmp_path / "controlplane" / "rollouts"
+    rollouts.mkdir(parents=True)
+    (rollouts / "ports.py").write_text("from controlplane.services import placement\n")
+    (rollouts / "ok.py").write_text(
+        "from controlplane.rollouts.ports import load_versions\n"
+        "from controlplane.services.errors import Invalid\n"
+        "from controlplane.models import Rollout\n"
+    )
+    assert port_violations(tmp_path) == []
+    (rollouts / "bad.py").write_text(source)
+    problems = port_violations(tmp_path)
+    assert problems and all(p.startswith("controlplane.rollouts.bad imports") for p in problems)
+    assert all("via controlplane.rollouts.ports" in p for p in problems)

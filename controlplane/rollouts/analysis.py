@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from controlplane.services.traffic import histogram_quantile
+from controlplane.rollouts.ports import histogram_quantile
 from protocol.gateway import LATENCY_BUCKETS_S, VersionTraffic
 from protocol.rollout_policy import RolloutPolicy
 from protocol.rollouts import Analysis, MetricVerdict, Verdict

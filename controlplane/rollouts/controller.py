@@ -41,8 +41,7 @@ from controlplane.models import (
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.analysis import Interval, analyse, failing_reason
 from controlplane.rollouts.notify import Notice, Notifier
-from controlplane.services.placement import bump_generation, replan_deployment
-from controlplane.services.traffic import deployment_traffic
+from controlplane.rollouts.ports import bump_generation, deployment_traffic, replan_deployment
 from protocol.gateway import VersionTraffic
 from protocol.rollout_policy import notify_origin
 from protocol.rollouts import Analysis

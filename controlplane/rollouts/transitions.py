@@ -24,7 +24,7 @@ from controlplane.models import (
     ModelVersion,
     Rollout,
 )
-from controlplane.services.placement import bump_generation, load_versions, replan_deployment
+from controlplane.rollouts.ports import bump_generation, load_versions, replan_deployment
 from protocol.rollout_policy import RolloutPolicy
 from protocol.wire import InstanceState
 

@@ -44,7 +44,7 @@ def create_deployment(
         name=spec.name,
         model_id=model.id,
         stable_version_id=version.id,
-        engine_config=_engine_config(spec.engine_config),
+        engine_config=checked_engine_config(spec.engine_config),
         placement_hosts=list(spec.placement.hosts),
         placement_labels=dict(spec.placement.labels),
         instances_per_host=spec.instances_per_host,
@@ -91,7 +91,7 @@ def update_deployment(
         deployment.gpus_per_instance = change.gpus_per_instance or None
         changes["gpus_per_instance"] = deployment.gpus_per_instance
     if change.engine_config is not None:
-        deployment.engine_config = _engine_config(change.engine_config)
+        deployment.engine_config = checked_engine_config(change.engine_config)
         changes["engine_config"] = True
     if change.version is not None:
         model = session.get(Model, deployment.model_id)
@@ -163,8 +163,9 @@ def delete_deployment(session: Session, now: datetime, actor: str, name: str) ->
     )
 
 
-def _engine_config(data: dict[str, Any]) -> dict[str, Any]:
-    """The engine config normalised to the keys it sets, or Invalid naming the bad key."""
+def checked_engine_config(data: dict[str, Any]) -> dict[str, Any]:
+    """The engine config normalised to the keys it sets, or Invalid naming the bad key (a
+    deployment's and a rollout's take the same check)."""
     try:
         return validate_deployment_config(data)
     except ServeConfigError as exc:

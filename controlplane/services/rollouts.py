@@ -15,7 +15,7 @@ from controlplane.models import Deployment, Host, Instance, Model, ModelVersion,
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.webhook import check_target
 from controlplane.services.canary import locked_deployment
-from controlplane.services.deployments import _engine_config, get_deployment
+from controlplane.services.deployments import checked_engine_config, get_deployment
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
 from controlplane.services.placement import load_versions, surge_problems
@@ -124,7 +124,7 @@ def start_rollout(
         )
         assert version.id is not None
         to_id = version.id
-    config = _engine_config(spec.engine_config) if spec.engine_config is not None else None
+    config = checked_engine_config(spec.engine_config) if spec.engine_config is not None else None
     if to_id == deployment.stable_version_id:
         if config is None:
             raise Invalid(
