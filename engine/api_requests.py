@@ -1,6 +1,6 @@
 """From an OpenAI request body to engine inputs: prompt token ids and SamplingParams.
 
-Everything here either produces what the engine needs or raises an `ApiError` 400 that names
+Everything here either produces what the engine needs or raises an `OpenAIErrorReply` 400 that names
 the field to fix, so the route handlers stay about HTTP. Sizes are counted before any work: the
 number of prompts and the length of their text are refused before a single token is made.
 """
@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from engine.errors import ContextLengthExceeded, InvalidParams
 from engine.params import SamplingParams
 from protocol.engine_config import ModelSection
-from protocol.openai import ApiError, BaseRequest, ChatCompletionRequest
+from protocol.openai import BaseRequest, ChatCompletionRequest, OpenAIErrorReply
 
 # Defaults when a request leaves max_tokens out: OpenAI's 16 for completions; a chat answer
 # gets the room left in the context, capped here.
@@ -31,8 +31,8 @@ def text_budget(max_seq_len: int, max_token_chars: int) -> int:
     return max_seq_len * max(1, max_token_chars) * NORMALIZER_HEADROOM
 
 
-def _too_much_text(param: str, chars: int, budget: int, max_seq_len: int) -> ApiError:
-    return ApiError(
+def _too_much_text(param: str, chars: int, budget: int, max_seq_len: int) -> OpenAIErrorReply:
+    return OpenAIErrorReply(
         400,
         f"{param} has {chars} characters; at most {budget} can fit in this server's context "
         f"of {max_seq_len} tokens; shorten it",
@@ -46,38 +46,40 @@ def parse_body(raw: bytes, schema: type[BaseRequest]) -> Any:
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        raise OpenAIErrorReply(
+            400, "the request body is not valid JSON", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
-        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+        raise OpenAIErrorReply(400, "the request body must be a JSON object", code="invalid_json")
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from None
 
 
-def validation_error(exc: ValidationError) -> ApiError:
+def validation_error(exc: ValidationError) -> OpenAIErrorReply:
     """The first schema violation as a 400 naming the field."""
     first = exc.errors()[0]
     loc = [str(p) for p in first["loc"]]
     param = loc[0] if loc else None
     where = ".".join(loc) or "body"
     if first["type"] == "extra_forbidden":
-        return ApiError(400, f"unknown field {where!r}", param=param, code="unknown_field")
+        return OpenAIErrorReply(400, f"unknown field {where!r}", param=param, code="unknown_field")
     if first["type"] == "missing":
-        return ApiError(400, f"{where} is required", param=param, code="missing_field")
+        return OpenAIErrorReply(400, f"{where} is required", param=param, code="missing_field")
     message = str(first["msg"]).removeprefix("Value error, ")
     if not loc:
         # A model-level rule (an unsupported standard field); the message names the field.
         param = message.split("=", 1)[0] if "=" in message else None
-        return ApiError(400, message, param=param, code="unsupported_value")
-    return ApiError(400, f"{where}: {message}", param=param, code="invalid_value")
+        return OpenAIErrorReply(400, message, param=param, code="unsupported_value")
+    return OpenAIErrorReply(400, f"{where}: {message}", param=param, code="invalid_value")
 
 
-def params_error(exc: InvalidParams) -> ApiError:
+def params_error(exc: InvalidParams) -> OpenAIErrorReply:
     """An engine parameter error as a 400 (`context_length_exceeded` keeps its own code)."""
     if isinstance(exc, ContextLengthExceeded):
-        return ApiError(400, str(exc), param=exc.field, code="context_length_exceeded")
-    return ApiError(400, str(exc), param=exc.field, code="invalid_value")
+        return OpenAIErrorReply(400, str(exc), param=exc.field, code="context_length_exceeded")
+    return OpenAIErrorReply(400, str(exc), param=exc.field, code="invalid_value")
 
 
 def sampling_params(
@@ -133,7 +135,7 @@ def check_request(
     except InvalidParams as exc:
         raise params_error(exc) from None
     if any(not 0 <= t < vocab_size for t in prompt):
-        raise ApiError(
+        raise OpenAIErrorReply(
             400,
             f"prompt token ids must be in [0, {vocab_size})",
             param="prompt",
@@ -148,12 +150,14 @@ def check_prompt_sizes(
     if isinstance(prompt, str) or (prompt and all(isinstance(p, int) for p in prompt)):
         prompts = [prompt]
     elif not prompt:
-        raise ApiError(400, "prompt must not be empty", param="prompt", code="invalid_value")
+        raise OpenAIErrorReply(
+            400, "prompt must not be empty", param="prompt", code="invalid_value"
+        )
     else:
         prompts = prompt
     if len(prompts) > max_prompts:
         # More prompts than batch slots would be refused as "queue full" forever.
-        raise ApiError(
+        raise OpenAIErrorReply(
             400,
             f"at most {max_prompts} prompts per request, got {len(prompts)}",
             param="prompt",
@@ -164,7 +168,7 @@ def check_prompt_sizes(
         if isinstance(p, str) and len(p) > budget:
             raise _too_much_text("prompt", len(p), budget, max_seq_len)
         if isinstance(p, list) and len(p) > max_seq_len:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 400,
                 f"prompt has {len(p)} token ids; the context holds {max_seq_len}",
                 param="prompt",
@@ -198,7 +202,7 @@ def check_chat_size(body: ChatCompletionRequest, *, max_seq_len: int, max_token_
 def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> list[int]:
     """Render the conversation with the checkpoint's chat template and tokenize it."""
     if not tokenizer.has_chat_template:
-        raise ApiError(
+        raise OpenAIErrorReply(
             400,
             "this checkpoint has no chat template; use /v1/completions",
             param="messages",
@@ -214,7 +218,7 @@ def chat_prompt(body: ChatCompletionRequest, tokenizer: Any, thinking: bool) -> 
             tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
         )
     except Exception as exc:  # the template's own raise_exception() or a rendering error
-        raise ApiError(
+        raise OpenAIErrorReply(
             400,
             f"the chat template rejected these messages: {exc}",
             param="messages",

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.errors import EngineError
+from engine.errors import EngineStopped, QueueFull, RequestAbandoned
 from engine.metrics import EngineMetrics
 
 log = logging.getLogger("engine.async")
@@ -53,18 +53,6 @@ class Core(Protocol):
     def num_running(self) -> int: ...
     @property
     def num_waiting(self) -> int: ...
-
-
-class QueueFull(EngineError):
-    """Admission refused: every slot is busy and the waiting queue is full."""
-
-
-class ClientGone(EngineError):
-    """The client disconnected; its request was aborted."""
-
-
-class EngineStopped(EngineError):
-    """The engine is draining or stopped and takes no new requests."""
 
 
 @dataclass
@@ -152,7 +140,7 @@ class AsyncEngine:
     ) -> AsyncIterator[CoreUpdate]:
         """Yield a submitted request's updates until the finishing one.
 
-        Raises TimeoutError past `deadline` (monotonic seconds) and `ClientGone` when
+        Raises TimeoutError past `deadline` (monotonic seconds) and `RequestAbandoned` when
         `client_gone()` turns true; in both cases, and when the consumer stops iterating early,
         the request is aborted so its slot is freed.
         """
@@ -168,7 +156,7 @@ class AsyncEngine:
                 if client_gone is not None and now >= next_check:
                     next_check = now + POLL_S
                     if await client_gone():
-                        raise ClientGone(request_id)
+                        raise RequestAbandoned(request_id)
                 if updates.empty():
                     wait = POLL_S if deadline is None else min(POLL_S, deadline - now)
                     try:

@@ -11,7 +11,7 @@ import asyncio
 import random
 
 from protocol.engine_config import ChaosConfig
-from protocol.openai import ApiError
+from protocol.openai import OpenAIErrorReply
 
 
 class Chaos:
@@ -26,7 +26,7 @@ class Chaos:
         if self.config.extra_latency_ms:
             await asyncio.sleep(self.config.extra_latency_ms / 1000)
         if self.config.error_rate and self._rng.random() < self.config.error_rate:
-            raise ApiError(
+            raise OpenAIErrorReply(
                 500,
                 f"injected failure (chaos.error_rate={self.config.error_rate} in the engine "
                 "config)",

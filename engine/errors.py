@@ -11,6 +11,20 @@ class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
 
 
+class QueueFull(EngineError):
+    """Admission refused: every slot is busy and the waiting queue is full."""
+
+
+class EngineStopped(EngineError):
+    """The engine is draining or stopped and takes no new requests."""
+
+
+class RequestAbandoned(EngineError):
+    """The client disconnected while its request ran; the request was aborted.
+
+    Not `runtime.asgi_body.ClientGone`, which is a client gone before its body was read."""
+
+
 class CheckpointError(EngineError):
     """A checkpoint directory cannot be used: missing, unreadable or inconsistent files."""
 

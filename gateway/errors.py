@@ -1,17 +1,17 @@
-"""The gateway's refusals: every one is answered in OpenAI's error shape (`ApiError.body()`)."""
+"""The gateway's refusals: each is answered in OpenAI's error shape (`OpenAIErrorReply.body()`)."""
 
 from __future__ import annotations
 
 from typing import ClassVar
 
-from protocol.openai import ApiError
+from protocol.openai import OpenAIErrorReply
 
 
-class GatewayError(ApiError):
+class GatewayError(OpenAIErrorReply):
     """An error the gateway answers itself (the engine's own errors pass through untouched)."""
 
     TYPES: ClassVar[dict[int, str]] = {
-        **ApiError.TYPES,
+        **OpenAIErrorReply.TYPES,
         403: "permission_error",
         405: "invalid_request_error",
         408: "timeout_error",

@@ -56,8 +56,11 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 
 
-class ApiError(Exception):
-    """An error answered in the OpenAI shape: `{"error": {message, type, param, code}}`."""
+class OpenAIErrorReply(Exception):
+    """An error answered in the OpenAI shape: `{"error": {message, type, param, code}}`.
+
+    The engine's and the gateway's; the control plane's REST errors are
+    `controlplane.api.errors.ApiError`, a different body."""
 
     TYPES: ClassVar[dict[int, str]] = {
         400: "invalid_request_error",

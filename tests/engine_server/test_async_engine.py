@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineStopped, QueueFull
+from engine.async_engine import AsyncEngine
+from engine.errors import EngineStopped, QueueFull
 from engine.metrics import EngineMetrics
 
 

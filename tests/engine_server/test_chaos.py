@@ -18,7 +18,7 @@ from protocol.engine_config import (
     load_serve_config,
     validate_deployment_config,
 )
-from protocol.openai import ApiError
+from protocol.openai import OpenAIErrorReply
 from tests.engine_server.conftest import MODEL, ServerProcess, start_server
 
 BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4}
@@ -67,7 +67,7 @@ def test_the_error_rate_is_the_share_of_failures() -> None:
             try:
                 await chaos.strike()
                 failed.append(False)
-            except ApiError as exc:
+            except OpenAIErrorReply as exc:
                 assert exc.status == 500
                 failed.append(True)
         return failed
