@@ -1,10 +1,16 @@
-"""`dctl metrics targets`: the fleet's live scrape targets, for a Prometheus to read.
+"""`dctl metrics targets`: the fleet's live scrape targets, for a Prometheus to read;
+`dctl metrics config`: the Prometheus config, alert rules and Grafana dashboard dctl ships.
 
 `--format file_sd` (the default) prints the JSON of a `file_sd_configs` file; `--format static`
 a `scrape_configs:` YAML snippet with one job per role and scheme. With `-o FILE` the text is
 written atomically (a temporary file in FILE's directory, then renamed over it, mode 0644), so
 Prometheus never reads half a file; `--watch` keeps polling and rewrites FILE only when the
 fleet's targets changed, until interrupted.
+
+`dctl metrics config -o DIR` writes the files of the `monitoring` package (read as package data,
+so an installed wheel has them) into DIR, created if missing, each 0644. A file there that
+differs from the packaged one (an operator's edit) is kept unless `--force`; then nothing is
+written at all.
 """
 
 from __future__ import annotations
@@ -31,7 +37,10 @@ if TYPE_CHECKING:
 
     Render = Callable[[Sequence[ScrapeTargetGroup]], str]
 
-metrics_app = typer.Typer(help="Prometheus: the fleet's scrape targets.", no_args_is_help=True)
+metrics_app = typer.Typer(
+    help="Prometheus and Grafana: the fleet's scrape targets, the config and dashboard to load.",
+    no_args_is_help=True,
+)
 
 FORMATS = ("file_sd", "static")
 FILE_MODE = 0o644
@@ -68,12 +77,14 @@ def render_static(groups: Sequence[ScrapeTargetGroup]) -> str:
     return yaml.safe_dump({"scrape_configs": configs}, sort_keys=False)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Replace PATH with TEXT in one rename (a reader sees the old file or the new one), 0644."""
+def write_atomically(path: Path, content: str | bytes) -> None:
+    """Replace PATH with CONTENT (text as UTF-8) in one rename (a reader sees the old file or the
+    new one), mode 0644."""
+    data = content.encode() if isinstance(content, str) else content
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(temp, FILE_MODE)  # mkstemp's 0600 would keep Prometheus out
@@ -84,9 +95,9 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _current(path: Path) -> str | None:
+def _current(path: Path) -> bytes | None:
     try:
-        return path.read_text()
+        return path.read_bytes()
     except OSError:
         return None
 
@@ -104,11 +115,11 @@ def targets(
     interval: str = typer.Option("5s", "--interval", help="Time between polls with --watch."),
 ) -> None:
     """Every live scrape target of the fleet: control plane, agents, ready engines, gateways."""
-    from cli.cmd_fleet import parse_duration
+    from cli.options import duration_option
 
     if fmt not in FORMATS:
         fail(f"--format {fmt!r}: use one of {', '.join(FORMATS)}", USAGE)
-    interval_s = parse_duration(interval, "--interval")
+    interval_s = duration_option(interval, "--interval")
     if watch and output is None:
         fail("--watch rewrites a file: give it with -o FILE", USAGE)
     if output is not None and not output.parent.is_dir():
@@ -125,7 +136,7 @@ def targets(
 
 
 def _write(output: Path, text: str) -> None:
-    if _current(output) == text:
+    if _current(output) == text.encode():
         return  # unchanged: leave the file (and its mtime) alone
     try:
         write_atomically(output, text)
@@ -166,7 +177,48 @@ def _watch(
         return
 
 
+def config(
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Directory to write into (created if missing)."
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite files there that differ from the packaged ones."
+    ),
+) -> None:
+    """Write the Prometheus config, alert rules and Grafana dashboard that ship with dctl."""
+    import monitoring
+
+    if output.exists() and not output.is_dir():
+        fail(f"-o {output}: not a directory", USAGE)
+    files = {output / name: monitoring.artefact(name) for name in monitoring.ARTEFACTS}
+    # Every refusal before any write, so a refused run leaves the directory as it was.
+    edited = [path for path, content in files.items() if _differs(path, content)]
+    if edited and not force:
+        names = ", ".join(str(path) for path in edited)
+        fail(f"{names}: not what dctl ships (edited?); keep it, or overwrite with --force", USAGE)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        for path, content in files.items():
+            if _current(path) != content:
+                write_atomically(path, content)
+                print(f"wrote {path}", file=sys.stderr)
+    except OSError as exc:
+        fail(f"-o {output}: {exc}")
+    dashboard = output / "grafana-dashboard.json"
+    print(
+        f"next: dctl metrics targets -o {output / 'targets.json'} --watch &\n"
+        f"      prometheus --config.file={output / 'prometheus.yml'}\n"
+        f"      Grafana: Dashboards -> Import -> {dashboard}"
+    )
+
+
+def _differs(path: Path, content: bytes) -> bool:
+    """Whether PATH holds something other than CONTENT: missing is not different."""
+    return path.exists() and _current(path) != content
+
+
 def register(app: typer.Typer) -> None:
     """Attach `dctl metrics` to the root app."""
     metrics_app.command("targets")(targets)
+    metrics_app.command("config")(config)
     app.add_typer(metrics_app, name="metrics")

@@ -1,4 +1,5 @@
-"""The migrations ship inside the wheel: `dctl db upgrade` works from a non-editable install."""
+"""What ships inside the wheel works from a non-editable install: the migrations (`dctl db
+upgrade`) and the monitoring files (`dctl metrics config`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,8 +33,22 @@ def source_copy(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.slow
-def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
+@dataclass
+class Installed:
+    """dctl's wheel, built from the working tree and installed alone in a fresh venv."""
+
+    wheel: Path
+    python: Path
+    dctl: str
+    site: str
+    env: dict[str, str]
+    home: Path
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    """One wheel build and install for every test here (building takes a while)."""
+    tmp_path = tmp_path_factory.mktemp("wheel")
     src = source_copy(tmp_path / "src")
     dist = tmp_path / "dist"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -60,6 +78,12 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
     (Path(site) / "zz_dctl_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_DATA_HOME": str(tmp_path)}
+    yield Installed(wheel, python, str(fresh / "bin" / "dctl"), site, env, tmp_path)
+
+
+@pytest.mark.slow
+def test_db_upgrade_from_an_installed_wheel(installed: Installed) -> None:
+    python, site, env, tmp_path = installed.python, installed.site, installed.env, installed.home
     where = subprocess.run(
         # The parts of their own (gateway, provision, doctor) ship too.
         [
@@ -77,7 +101,7 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
     assert where.startswith(site), f"migrations imported from {where}, not the wheel"
 
     db = f"sqlite:///{tmp_path / 'installed.db'}"
-    dctl = str(fresh / "bin" / "dctl")
+    dctl = installed.dctl
     upgrade = subprocess.run(
         [dctl, "db", "upgrade", "--db", db], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -89,3 +113,22 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
         [dctl, "db", "current", "--db", db], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert "up to date" in current.stdout, current.stderr
+
+
+@pytest.mark.slow
+def test_metrics_config_from_an_installed_wheel(installed: Installed) -> None:
+    import monitoring
+
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        names = set(wheel.namelist())
+    for folder, filename in monitoring.ARTEFACTS.values():
+        assert f"monitoring/{folder}/{filename}" in names, f"{folder}/{filename} is not shipped"
+
+    out = installed.home / "prometheus-and-grafana"
+    result = subprocess.run(
+        [installed.dctl, "metrics", "config", "-o", str(out)],
+        cwd=installed.home, env=installed.env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for name, (folder, filename) in monitoring.ARTEFACTS.items():
+        assert (out / name).read_bytes() == (ROOT / "monitoring" / folder / filename).read_bytes()
