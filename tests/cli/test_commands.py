@@ -8,18 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from protocol.manifest import compute_manifest
-from protocol.wire import (
-    HEARTBEAT_PATH,
-    REGISTER_PATH,
-    GpuStatus,
-    Heartbeat,
-    RegisterRequest,
-)
 from tests.cli.conftest import DCTL, Dctl, Server, run_dctl
+from tests.cli.hosts import register_host
 
 # A tiny dense Qwen3 config: enough for the engine's torch-free memory planner.
 TINY_CONFIG = {
@@ -60,31 +53,6 @@ def one_error_line(text: str) -> str:
     assert len(lines) == 1, text
     assert lines[0].startswith("error: ") and "Traceback" not in text
     return lines[0]
-
-
-def register_host(server: Server, dctl: Dctl, name: str, gpus: int = 2) -> str:
-    """Register a host the way an agent does and send one heartbeat; returns its agent token."""
-    boot = as_json(dctl("token", "create", f"boot-{name}", "--role", "bootstrap", "--json"))
-    reply = httpx.post(
-        server.url + REGISTER_PATH,
-        json=RegisterRequest(name=name, labels={"zone": "a"}).model_dump(mode="json"),
-        headers={"Authorization": f"Bearer {boot['secret']}"},
-    )
-    assert reply.status_code == 200, reply.text
-    agent_token = str(reply.json()["agent_token"])
-    beat = Heartbeat(
-        gpus=[
-            GpuStatus(index=i, uuid=f"GPU-{name}-{i}", name="H100", memory_total_bytes=80 << 30)
-            for i in range(gpus)
-        ]
-    )
-    hb = httpx.post(
-        server.url + HEARTBEAT_PATH,
-        json=beat.model_dump(mode="json"),
-        headers={"Authorization": f"Bearer {agent_token}"},
-    )
-    assert hb.status_code == 200, hb.text
-    return agent_token
 
 
 # --- server start-up and the credentials file ---------------------------------------------------

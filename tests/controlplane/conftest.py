@@ -7,6 +7,7 @@ import shutil
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -181,6 +182,21 @@ def api(db_url: str) -> Iterator[Api]:
             client=client, app=app, engine=engine, clock=clock, admin=admin, settings=settings
         )
     engine.dispose()
+
+
+@contextmanager
+def statements(api: Api) -> Iterator[list[str]]:
+    """Every SQL statement the app runs inside the block."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(api.engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        sa.event.remove(api.engine, "before_cursor_execute", record)
 
 
 def sha(n: int) -> str:

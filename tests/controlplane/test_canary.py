@@ -10,8 +10,7 @@ import httpx
 
 from protocol.gateway import CanaryOut, RouteTable
 from tests.controlplane.conftest import Api, deploy, manifest, register_version
-from tests.controlplane.test_deployments import beat, gpu_host
-from tests.controlplane.test_routes import ADDRESS, V2_DIGEST, report, serving_fleet
+from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, gpu_host, report, serving_fleet
 
 V = "/api/v1"
 

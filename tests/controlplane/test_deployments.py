@@ -4,31 +4,15 @@ messages a person can act on, instance keys kept from readers, listing cost."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-import sqlalchemy as sa
 from sqlmodel import Session, select
 
 from controlplane.models import Instance
-from tests.controlplane.conftest import Api, deploy, gpu, register_version
+from tests.controlplane.conftest import Api, deploy, register_version, statements
+from tests.controlplane.fleet import beat, gpu_host
 
 GIB = 2**30
-
-
-def gpu_host(api: Api, name: str = "gpu-1", **body: Any) -> str:
-    """Register a host and report its 8 GPUs (141 GiB each); returns its agent token."""
-    agent: str = api.register(name, **body)["agent_token"]
-    beat(api, agent, advertise_address=body.get("advertise_address"))
-    return agent
-
-
-def beat(api: Api, agent: str, **body: Any) -> Any:
-    """A heartbeat of a host with 8 GPUs (a heartbeat without GPUs says the host has none)."""
-    response = api.heartbeat(agent, gpus=[gpu(i) for i in range(8)], **body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def indices(response: Any) -> list[list[int]]:
@@ -161,21 +145,6 @@ def test_instance_api_keys_never_reach_viewers_or_operators(api: Api) -> None:
             assert "dctl_ik_" not in text
     host = api.as_admin("GET", "/api/v1/hosts/gpu-1").json()
     assert host["advertise_address"] == "10.0.0.7"
-
-
-@contextmanager
-def statements(api: Api) -> Iterator[list[str]]:
-    """Every SQL statement the app runs inside the block."""
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    sa.event.listen(api.engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        sa.event.remove(api.engine, "before_cursor_execute", record)
 
 
 def test_listing_deployments_costs_the_same_for_one_or_five(api: Api) -> None:

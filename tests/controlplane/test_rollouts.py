@@ -19,8 +19,7 @@ from controlplane.rollouts.notify import Notifier
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
 from protocol.rollouts import RolloutOut
 from tests.controlplane.conftest import Api
-from tests.controlplane.test_deployments import beat
-from tests.controlplane.test_routes import ADDRESS, V1_DIGEST, V2_DIGEST, report, serving_fleet
+from tests.controlplane.fleet import ADDRESS, V1_DIGEST, V2_DIGEST, beat, report, serving_fleet
 
 V = "/api/v1"
 INTERVAL = 60

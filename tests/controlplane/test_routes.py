@@ -15,46 +15,10 @@ from client import calls
 from client.errors import ClientError
 from client.http import AsyncControlPlaneClient, ControlPlaneClient
 from protocol.gateway import CanarySet, RouteTable, TrafficReport, TrafficWindow
-from protocol.wire import Manifest
-from tests.controlplane.conftest import Api, deploy, manifest, register_version
-from tests.controlplane.test_deployments import beat, gpu_host, statements
+from tests.controlplane.conftest import Api, deploy, statements
+from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, report, serving_fleet
 
 V = "/api/v1"
-V1_DIGEST = Manifest(**manifest("config.json", "model.safetensors")).digest()
-V2_MANIFEST = manifest("config.json", "model.safetensors", seed=7)
-V2_DIGEST = Manifest(**V2_MANIFEST).digest()
-ADDRESS = "10.0.0.5"
-
-
-def serving_fleet(api: Api, per_host: int = 2, address: str | None = ADDRESS) -> str:
-    """demo:v1 and demo:v2 registered, host gpu-1 (8 GPUs) advertising ADDRESS, deployment web
-    of demo:v1 with PER_HOST instances there; returns the host's agent token."""
-    register_version(api)
-    register_version(api, version="v2", manifest=V2_MANIFEST)
-    agent = gpu_host(api, advertise_address=address)
-    response = deploy(api, "web", ["gpu-1"], per_host=per_host)
-    assert response.status_code == 201, response.text
-    return agent
-
-
-def report(
-    api: Api, agent: str, state: str = "ready", address: str | None = ADDRESS, **digests: str
-) -> list[dict[str, Any]]:
-    """Heartbeats (from ADDRESS, as agents always say) reporting every desired instance in STATE,
-    running the digest of its desired version (or DIGESTS[str(id)]); returns the desired
-    instances."""
-    desired: list[dict[str, Any]] = beat(api, agent, advertise_address=address)["instances"]
-    observed = [
-        {
-            "instance_id": i["instance_id"],
-            "state": state,
-            "port": i["port"],
-            "version_digest": digests.get(str(i["instance_id"]), i["model"]["digest"]),
-        }
-        for i in desired
-    ]
-    beat(api, agent, instances=observed, advertise_address=address)
-    return desired
 
 
 def routes(api: Api, token: str, **headers: str) -> httpx.Response:

@@ -14,8 +14,7 @@ import sqlalchemy as sa
 from controlplane.services.traffic import histogram_quantile
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, DeploymentTraffic
 from tests.controlplane.conftest import Api, deploy, register_version
-from tests.controlplane.test_deployments import beat
-from tests.controlplane.test_routes import ADDRESS, report, serving_fleet
+from tests.controlplane.fleet import ADDRESS, beat, report, serving_fleet
 
 V = "/api/v1"
 

@@ -11,7 +11,7 @@ from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.loader import load_model
 from engine.memory import canonical_dtype, plan_memory
-from tests.engine.test_config import qwen3_moe
+from tests.engine.published_configs import qwen3_moe
 
 
 def test_weights_bytes_equal_the_loaded_model(tiny_checkpoint: Path) -> None:

@@ -22,8 +22,8 @@ from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from protocol.monitoring import GatewayHeartbeat, GatewayOut
 from tests.gateway.canned_engine import refused_port
 from tests.gateway.conftest import Fleet, served
-from tests.test_layering import ROOT
 
+ROOT = Path(__file__).resolve().parents[2]
 _RUN = (
     "import sys; from pathlib import Path; "
     "from gateway import load_gateway_settings, run; "

@@ -27,6 +27,7 @@ import yaml
 from client.http import ControlPlaneClient
 from provision.wheel import running_wheel
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, stop_stack
+from tests.security.pki import write_ca
 from tests.sshd import SshServer, user_exists
 
 # The service user cannot enter root's home, where this machine's default python3 lives (pyenv).
@@ -325,9 +326,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(fleet: Fleet, provisioned: 
 def test_the_contexts_ca_goes_to_the_agents_too(
     fleet: Fleet, provisioned: str, tmp_path: Path
 ) -> None:
-    from tests.security.test_tls import _ca
-
-    _ca(tmp_path, "ca")  # a private CA: the CLI trusts it, so must the agents
+    write_ca(tmp_path, "ca")  # a private CA: the CLI trusts it, so must the agents
     ca = tmp_path / "ca.pem"
     prefix = fleet.prefix("host-f")
     planned = subprocess.run(

@@ -9,8 +9,6 @@ one, saying `--ca-file`), and `dctl agent` registering and heartbeating over HTT
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import ipaddress
 import json
 import os
 import signal
@@ -23,10 +21,6 @@ from typing import Any, TypeVar
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, ControlPlaneUnavailable
 from agent.instance_spec import InstanceSpec, engine_config
@@ -38,6 +32,7 @@ from protocol.rest import DeploymentCreate, Placement, TokenCreate
 from protocol.wire import RegisterRequest
 from runtime.tls import TlsError, check_key_file, check_name, check_server_files, client_context
 from tests.cli.conftest import DCTL, Dctl, free_port, isolated_env
+from tests.security.pki import Pki, make_pki
 
 T = TypeVar("T")
 
@@ -45,98 +40,9 @@ T = TypeVar("T")
 # --- a small PKI ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pki:
-    """A CA, a server certificate it signed (localhost, 127.0.0.1) and a CA nobody trusts."""
-
-    ca: Path
-    cert: Path
-    key: Path
-    other_ca: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _ca(directory: Path, name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(_name(name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    (directory / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return key, cert
-
-
-def _leaf(
-    directory: Path, ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate
-) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    names: list[x509.GeneralName] = [
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-    ]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "server.pem", directory / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    directory = tmp_path_factory.mktemp("pki")
-    ca_key, ca_cert = _ca(directory, "ca")
-    _ca(directory, "other-ca")
-    cert, key = _leaf(directory, ca_key, ca_cert)
-    return Pki(directory / "ca.pem", cert, key, directory / "other-ca.pem")
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 # --- the checks, without a network ---------------------------------------------------------------

@@ -17,7 +17,7 @@ from cli.tune_apply import merged_engine_config
 from client.http import ControlPlaneClient
 from protocol.rollouts import RolloutAction
 from tests.cli.conftest import Dctl, Server, start_server
-from tests.cli.test_commands import register_host
+from tests.cli.hosts import register_host
 from tests.engine_server.conftest import MODEL, ServerProcess
 from tests.engine_server.conftest import start_server as start_engine
 from tests.tune.conftest import dctl
