@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cli.exits import FAILURE, OK
 from cli.output import Column, print_fields, print_table
 from protocol.metric_units import metric_unit
+from runtime.durations import format_duration
 
 if TYPE_CHECKING:
     from protocol.rollouts import Analysis, RolloutOut
@@ -37,18 +38,6 @@ def exit_code(rollout: RolloutOut, rollback: bool = False) -> int:
     if rollout.kind == "rollout":
         return FAILURE
     return FAILURE if rollout.state == "aborted" else OK
-
-
-def format_duration(seconds: float) -> str:
-    """45 -> `45s`, 252 -> `4m12s`, 300 -> `5m`, 3720 -> `1h02m`."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        minutes, rest = divmod(whole, 60)
-        return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
-    hours, rest = divmod(whole, 3600)
-    return f"{hours}h{rest // 60:02d}m" if rest >= 60 else f"{hours}h"
 
 
 def plan(steps: Sequence[int]) -> str:

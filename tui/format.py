@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from protocol.metric_units import metric_unit
+from runtime.durations import format_duration
 
 NA = "N/A"
 NONE = "-"
@@ -30,19 +31,7 @@ def seconds_since(moment: datetime | None, now: datetime) -> float | None:
 
 def duration(seconds: float | None) -> str:
     """45 -> `45s`, 252 -> `4m12s`, 3720 -> `1h02m`, 90000 -> `1d01h`; None -> `-`."""
-    if seconds is None:
-        return NONE
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        minutes, rest = divmod(whole, 60)
-        return f"{minutes}m{rest:02d}s"
-    if whole < 86400:
-        hours, rest = divmod(whole, 3600)
-        return f"{hours}h{rest // 60:02d}m"
-    days, rest = divmod(whole, 86400)
-    return f"{days}d{rest // 3600:02d}h"
+    return NONE if seconds is None else format_duration(seconds)
 
 
 def age(moment: datetime | None, now: datetime) -> str:

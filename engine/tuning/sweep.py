@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from engine.tuning.grid import DecodeSetting
 from engine.tuning.scoring import Batch, SettingResult, Unit, summarise
+from runtime.durations import format_duration
 
 
 class Runner(Protocol):
@@ -37,12 +38,6 @@ class Runner(Protocol):
 
 
 Progress = Callable[[str], None]
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min"
 
 
 def run_sweep(
@@ -84,6 +79,6 @@ def run_sweep(
         progress(
             f"[{done}/{len(settings)}] {setting.label:<14} p50 {result.p50_s:.3f} s, "
             f"agreement {result.agreement:.3f}{accuracy} "
-            f"({_duration(elapsed)} elapsed, ~{_duration(left)} left)"
+            f"({format_duration(elapsed)} elapsed, ~{format_duration(left)} left)"
         )
     return results

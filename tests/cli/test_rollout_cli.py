@@ -19,7 +19,7 @@ import pytest
 
 import cli.cmd_rollout as cmd_rollout
 from cli.exits import FAILURE, OK, USAGE
-from cli.rollout_view import exit_code, format_duration, progress_lines, status_text
+from cli.rollout_view import exit_code, progress_lines, status_text
 from protocol.rollouts import RolloutOut
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS
 from tests.cli.conftest import Dctl, Result, Server
@@ -413,14 +413,6 @@ def test_status_text_shows_the_step_the_analysis_and_the_instances() -> None:
 def test_a_final_record_shows_no_countdown() -> None:
     text = status_text(RolloutOut.model_validate(record(state="promoted", analysis=None)))
     assert "time left" not in text and "analysis" not in text
-
-
-@pytest.mark.parametrize(
-    ("seconds", "shown"),
-    [(0, "0s"), (45.4, "45s"), (252, "4m12s"), (300, "5m"), (3720, "1h02m"), (7200, "2h")],
-)
-def test_format_duration(seconds: float, shown: str) -> None:
-    assert format_duration(seconds) == shown
 
 
 @pytest.mark.parametrize(
