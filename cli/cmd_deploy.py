@@ -10,7 +10,7 @@ import typer
 
 from cli.columns import DEPLOYMENT_INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
-from cli.options import label_option
+from cli.options import duration_option, engine_config_option, label_option, mapping_file_option
 from cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
 from cli.remote import connect, describe, split_name_version, validated
 
@@ -97,28 +97,6 @@ DEPLOYMENT_COLUMNS: list[Column] = [
 ]
 
 
-def read_mapping(path: Path, flag: str) -> dict[str, Any]:
-    """Read a YAML or JSON file holding a mapping; errors name FLAG, the file and what is wrong."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        fail(f"{flag} {path}: cannot be read: {exc.strerror or exc}", USAGE)
-    except yaml.YAMLError as exc:
-        fail(f"{flag} {path}: not valid YAML/JSON: {str(exc).splitlines()[0]}", USAGE)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        fail(f"{flag} {path}: must hold a mapping of settings, not a list or value", USAGE)
-    return data
-
-
-def read_engine_config(path: Path) -> dict[str, Any]:
-    """Read an engine-config file (YAML or JSON); errors name the file and what is wrong."""
-    return read_mapping(path, "--engine-config")
-
-
 def read_rollout_policy(path: Path) -> RolloutPolicy:
     """Read a rollout-policy file: a mapping of `RolloutPolicy` fields; an unknown key or a bad
     value is a usage error naming the file and the key."""
@@ -126,7 +104,7 @@ def read_rollout_policy(path: Path) -> RolloutPolicy:
 
     from protocol.rollout_policy import RolloutPolicy
 
-    data = read_mapping(path, "--rollout-policy")
+    data = mapping_file_option(path, "--rollout-policy")
     try:
         return RolloutPolicy.model_validate(data)
     except ValidationError as exc:
@@ -165,7 +143,7 @@ def deploy_create(
     host_names, selector = _split_hosts(hosts), label_option(labels)
     if not host_names and not selector:
         fail("say where to run it: --hosts NAME[,NAME...] and/or --label KEY=VALUE", USAGE)
-    config = read_engine_config(engine_config) if engine_config else {}
+    config = engine_config_option(engine_config) if engine_config else {}
     spec = validated(
         lambda: DeploymentCreate(
             name=name,
@@ -227,9 +205,7 @@ def deploy_traffic(
     quantiles, TTFT, and the engines' denoising steps per block and tokens per forward."""
     from datetime import UTC, datetime, timedelta
 
-    from cli.cmd_fleet import parse_duration
-
-    start = datetime.now(UTC) - timedelta(seconds=parse_duration(since, "--since"))
+    start = datetime.now(UTC) - timedelta(seconds=duration_option(since, "--since"))
     with connect() as api:
         traffic = plain(api.deployment_traffic(name, since=start))
     if as_json:
@@ -287,7 +263,7 @@ def deploy_configure(
             "and/or --rollout-policy FILE",
             USAGE,
         )
-    config = read_engine_config(engine_config) if engine_config is not None else None
+    config = engine_config_option(engine_config) if engine_config is not None else None
     policy = read_rollout_policy(rollout_policy) if rollout_policy is not None else None
     change = validated(
         lambda: DeploymentUpdate(

@@ -13,7 +13,7 @@ import typer
 
 from cli.columns import INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
-from cli.options import label_option
+from cli.options import duration_option, label_option
 from cli.output import (
     JSON_OPTION,
     Column,
@@ -287,17 +287,6 @@ def host_remove(
 # tokens ------------------------------------------------------------------------------------
 
 
-def parse_duration(text: str, option: str = "--expires") -> int:
-    """`90s`, `30m`, `24h`, `7d` -> seconds; anything else is a usage error (exit 2) naming
-    OPTION."""
-    from runtime.durations import parse_duration as seconds
-
-    value = seconds(text)
-    if value is None:
-        fail(f"{option} {text!r}: write a positive duration like 30m, 24h or 7d", USAGE)
-    return value
-
-
 @token_app.command("create")
 def token_create(
     name: str,
@@ -345,7 +334,7 @@ def token_create(
     """
     from protocol.rest import TokenCreate
 
-    expires_s = parse_duration(expires) if expires else None
+    expires_s = duration_option(expires, "--expires") if expires else None
     scope = None if deployments is None else [d.strip() for d in deployments.split(",")]
     stamp = None if labels is None else label_option(labels.split(","), "--labels")
     spec = validated(

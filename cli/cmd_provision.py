@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli.exits import USAGE, fail
+from cli.options import duration_option
 from cli.output import Column, print_table
 from cli.remote import connect
 from runtime import paths
@@ -77,13 +78,10 @@ def provision(
     from provision.provisioner import RunOptions
     from provision.ssh import ProvisionError
     from provision.wheel import running_wheel, wheelhouse_files
-    from runtime.durations import parse_duration
 
     if (target is None) == (hosts_file is None):
         fail("give one USER@HOST[:PORT] or -f HOSTS.yaml", USAGE)
-    wait_s = parse_duration(timeout)
-    if wait_s is None:
-        fail(f"--timeout {timeout!r}: write a duration like 90s or 5m", USAGE)
+    wait_s = duration_option(timeout, "--timeout")
     try:
         specs = _specs(target, hosts_file, name, key, known_hosts, accept_new_host_key, sudo,
                        prefix, labels, python, extras, settings)  # fmt: skip

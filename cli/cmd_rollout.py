@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer.core import TyperGroup
 
-from cli.exits import USAGE, fail
+from cli.options import duration_option, engine_config_option, percent_option, percents_option
 from cli.output import JSON_OPTION, print_json, print_table
 from cli.remote import connect, validated
 from cli.rollout_view import (
@@ -77,20 +77,6 @@ rollout_app = typer.Typer(
 )
 
 
-def _percent(text: str, flag: str) -> int:
-    value = text.strip().removesuffix("%")
-    if not value.isdigit() or not 1 <= int(value) <= 99:
-        fail(f"{flag} {text!r}: write a percent from 1 to 99, e.g. 10%", USAGE)
-    return int(value)
-
-
-def _weights(text: str) -> list[int]:
-    items = [item.strip().removesuffix("%") for item in text.split(",")]
-    if not all(item.isdigit() for item in items):
-        fail(f"--steps {text!r}: write rising percents ending at 100, e.g. 10,25,50,100", USAGE)
-    return [int(item) for item in items]
-
-
 def _rollout_spec(
     to: str | None,
     engine_config: Path | None,
@@ -102,17 +88,15 @@ def _rollout_spec(
     reason: str,
 ) -> RolloutCreate:
     """The body of `POST .../rollout`; any bad input is a usage error before a request is made."""
-    from cli.cmd_deploy import read_engine_config
-    from cli.cmd_fleet import parse_duration
     from protocol.rollout_policy import RolloutPolicy
     from protocol.rollouts import RolloutCreate
 
-    if to is None and engine_config is None:
-        fail("say what to roll out: --to [MODEL:]VERSION and/or --engine-config FILE", USAGE)
-    first = _percent(canary, "--canary")
-    plan = _weights(steps) if steps is not None else None
-    interval_s = parse_duration(interval, "--interval") if interval is not None else None
-    config = read_engine_config(engine_config) if engine_config is not None else None
+    # Only the form of each flag is checked here; `RolloutCreate` holds the rules (the canary's
+    # range, rising steps, something to roll out) and names the field it refuses.
+    first = percent_option(canary, "--canary")
+    plan = percents_option(steps, "--steps") if steps is not None else None
+    interval_s = duration_option(interval, "--interval") if interval is not None else None
+    config = engine_config_option(engine_config) if engine_config is not None else None
     return validated(
         lambda: RolloutCreate(
             to=to,

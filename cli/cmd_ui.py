@@ -18,13 +18,13 @@ def tui(
 ) -> None:
     """The terminal dashboard: hosts, GPUs, deployments, rollouts and events, live."""
     # Imported here so `dctl --help` never pays for textual or httpx.
-    from cli.cmd_fleet import parse_duration
+    from cli.options import duration_option
     from client.credentials import CredentialsError, resolve
     from client.errors import ClientError
     from client.http import AsyncControlPlaneClient
     from runtime.settings import SettingsError
 
-    refresh_s = parse_duration(refresh, "--refresh")
+    refresh_s = duration_option(refresh, "--refresh")
     try:
         ctx = resolve(context)
     except CredentialsError as exc:

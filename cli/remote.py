@@ -79,4 +79,6 @@ def describe(exc: ValidationError) -> str:
         )
     if pattern == VERSION_PATTERN:
         return f"{where} {err['input']!r}: use letters, digits, '.', '_' and '-' (at most 64)"
-    return f"{where}: {err['msg']}"
+    # A rule over several fields (a model validator) has no field to name; its message does.
+    message = str(err["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if err["loc"] else message
