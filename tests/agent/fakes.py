@@ -1,4 +1,5 @@
-"""Test doubles for the supervisor: processes, launcher, clock and health probes."""
+"""Test doubles for the supervisor: processes, launcher and health probes (the clock is
+`tests.clock.FakeClock`)."""
 
 from __future__ import annotations
 
@@ -39,14 +40,6 @@ class FakeLauncher:
     @property
     def last(self) -> FakeProcess:
         return self.launched[-1][2]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Health:

@@ -38,7 +38,8 @@ from protocol.wire import (
     ObservedInstance,
     PreflightCheck,
 )
-from tests.agent.fakes import Clock, FakeLauncher, Health
+from tests.agent.fakes import FakeLauncher, Health
+from tests.clock import FakeClock
 
 FILES_PREFIX = "/api/v1/models/demo/versions/v1/files/"
 
@@ -221,7 +222,7 @@ def agent_for(
     launcher = launcher or FakeLauncher()
     roots = [tmp_path] if model_roots is None else model_roots
     supervisor = Supervisor(tmp_path / "data" / "agent" / "run", launcher, Health(),
-                            clock=Clock(), engine_command=["engine-bin"])  # fmt: skip
+                            clock=FakeClock().monotonic, engine_command=["engine-bin"])  # fmt: skip
     return Agent(
         AgentConfig(control_plane=control_plane, data_dir=tmp_path / "data",
                     bootstrap_token="bootstrap-secret", host_name="gpu-1"),

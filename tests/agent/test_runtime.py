@@ -29,7 +29,8 @@ from protocol.wire import (
     RegisterRequest,
     RegisterResponse,
 )
-from tests.agent.fakes import Clock, FakeLauncher, Health
+from tests.agent.fakes import FakeLauncher, Health
+from tests.clock import FakeClock
 
 GIB = 1024**3
 
@@ -104,7 +105,7 @@ class Rig:
         self.selection = selection or BackendSelection("fake", FakeBackend("2xH100"))
         self.scraped: list[tuple[str, int]] = []
         self.cp = FakeControlPlane()
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.launcher = FakeLauncher()
         self.health = Health()
         self.engine_text = ""
@@ -117,8 +118,8 @@ class Rig:
 
     def make_agent(self) -> Agent:
         supervisor = Supervisor(
-            self.tmp / "data" / "agent" / "run", self.launcher, self.health, clock=self.clock,
-            engine_command=["engine-bin"],
+            self.tmp / "data" / "agent" / "run", self.launcher, self.health,
+            clock=self.clock.monotonic, engine_command=["engine-bin"],
         )  # fmt: skip
         return Agent(
             AgentConfig(control_plane=self.cp.url, data_dir=self.tmp / "data",
@@ -130,7 +131,7 @@ class Rig:
             supervisor,
             self.cp,
             fetch_metrics=self.fetch_metrics,
-            clock=self.clock,
+            clock=self.clock.monotonic,
         )  # fmt: skip
 
     def fetch_metrics(self, host: str, port: int) -> str | None:
@@ -189,7 +190,7 @@ def test_desired_instance_is_fetched_started_and_reported(tmp_path: Path) -> Non
     assert snapshot.is_dir()
     assert rig.agent.supervisor.spec_of(5).snapshot_path == str(snapshot)  # type: ignore[union-attr]
     rig.health.ready = True
-    rig.clock.now += 5
+    rig.clock.advance(5)
     rig.agent.supervisor.tick()
     beat = rig.agent.heartbeat_once()
     assert beat is not None
@@ -217,7 +218,7 @@ def test_a_corrupt_new_version_is_refused_and_the_old_engine_keeps_serving(tmp_p
     rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
     rig.settle()
     rig.health.ready = True
-    rig.clock.now += 5
+    rig.clock.advance(5)
     rig.agent.supervisor.tick()
     src = checkpoint(tmp_path / "v2", 2)
     v2 = desired(src, "v2")
@@ -251,7 +252,7 @@ def test_outage_keeps_engines_and_the_next_heartbeat_carries_every_delta(tmp_pat
     rig.cp.instances = [desired(checkpoint(tmp_path / "v1", 1))]
     rig.settle()
     rig.health.ready = True
-    rig.clock.now += 5
+    rig.clock.advance(5)
     rig.agent.supervisor.tick()
     registry = CollectorRegistry()
     tokens = Counter("dllm_generated_tokens", "t", registry=registry)
@@ -263,7 +264,7 @@ def test_outage_keeps_engines_and_the_next_heartbeat_carries_every_delta(tmp_pat
         tokens.inc(5)
         rig.engine_text = generate_latest(registry).decode()
         assert rig.agent.heartbeat_once() is None
-        rig.clock.now += 1
+        rig.clock.advance(1)
         rig.agent.supervisor.tick()
     assert rig.agent.supervisor.state_of(5) == InstanceState.READY
     assert rig.launcher.last.signals == []
@@ -346,7 +347,7 @@ def test_the_engine_binds_the_given_address_with_its_key_on_its_gpus(tmp_path: P
     assert config["service"] == {"host": "10.1.2.3", "port": 18005, "api_key": "sk-secret"}
     assert config["resources"]["device"] == "cpu"  # the fake backend's hosts serve on CPU
     rig.health.ready = True
-    rig.clock.now += 5
+    rig.clock.advance(5)
     rig.agent.supervisor.tick()
     rig.agent.heartbeat_once()
     assert rig.health.calls[-1][:2] == ("10.1.2.3", 18005)
@@ -393,7 +394,7 @@ def test_an_unexpected_error_in_one_pass_is_logged_once_and_the_loop_goes_on(
 
     def disk_gone(in_use: set[str]) -> list[str]:
         passes.append(in_use)
-        rig.clock.now += 10  # the next pass heartbeats again
+        rig.clock.advance(10)  # the next pass heartbeats again
         if len(passes) == 3:
             stop.set()
         raise OSError("snapshot store unreadable")

@@ -15,20 +15,21 @@ from agent.engine_process import PidRecord, rotate_log, truncate_if_large
 from agent.instance_spec import InstanceSpec, SupervisorPolicy, engine_config
 from agent.supervisor import Supervisor
 from protocol.wire import InstanceState
-from tests.agent.fakes import Clock, FakeLauncher, Health
+from tests.agent.fakes import FakeLauncher, Health
+from tests.clock import FakeClock
 
 DIGEST = "a" * 64
 
 
 @pytest.fixture()
-def rig(tmp_path: Path) -> tuple[Supervisor, FakeLauncher, Clock, Health, list[str]]:
-    launcher, clock, health = FakeLauncher(), Clock(), Health()
+def rig(tmp_path: Path) -> tuple[Supervisor, FakeLauncher, FakeClock, Health, list[str]]:
+    launcher, clock, health = FakeLauncher(), FakeClock(), Health()
     transitions: list[str] = []
     sup = Supervisor(
         tmp_path / "run",
         launcher,
         health,
-        clock=clock,
+        clock=clock.monotonic,
         policy=SupervisorPolicy(startup_grace_s=60, probe_interval_s=1, stop_grace_s=10),
         engine_command=["engine-bin"],
         on_transition=lambda i, old, new, msg: transitions.append(f"{i}:{new.value}"),
@@ -58,7 +59,7 @@ def test_start_writes_the_config_and_becomes_ready(rig: tuple) -> None:
     sup.tick()
     assert sup.state_of(7) == InstanceState.STARTING
     health.ready = True
-    clock.now += 1
+    clock.advance(1)
     sup.tick()
     assert sup.state_of(7) == InstanceState.READY
     assert transitions == ["7:starting", "7:ready"]
@@ -77,10 +78,10 @@ def test_crash_restarts_with_doubling_backoff_then_crash_loop(rig: tuple) -> Non
         assert observed.last_exit is not None and observed.last_exit.signal == 9
         delays.append(float(observed.message.rsplit("restart in ", 1)[1].split()[0]))
         before = len(launcher.launched)
-        clock.now += delays[-1] - 0.5
+        clock.advance(delays[-1] - 0.5)
         sup.tick()
         assert len(launcher.launched) == before  # still waiting
-        clock.now += 0.5
+        clock.advance(0.5)
         sup.tick()
         assert len(launcher.launched) == before + 1
     assert delays == [1, 2, 4, 8, 16, 32]
@@ -103,11 +104,11 @@ def test_a_stable_engine_forgets_its_failure_streak(rig: tuple) -> None:
     sup.ensure(spec())
     launcher.last.code = 1
     sup.tick()
-    clock.now += 1
+    clock.advance(1)
     sup.tick()
     health.ready = True
     for _ in range(70):
-        clock.now += 1
+        clock.advance(1)
         sup.tick()
     launcher.last.code = 1
     sup.tick()
@@ -118,7 +119,7 @@ def test_not_ready_within_grace_is_killed_and_restarted(rig: tuple) -> None:
     sup, launcher, clock, _health, _ = rig
     sup.ensure(spec())
     first = launcher.last
-    clock.now += 61
+    clock.advance(61)
     sup.tick()
     assert signal.SIGKILL in first.signals
     assert sup.state_of(7) == InstanceState.BACKOFF
@@ -132,7 +133,7 @@ def test_failed_liveness_probes_restart_the_engine(rig: tuple) -> None:
     sup.tick()
     health.ready = health.live = False
     for expected in (InstanceState.UNHEALTHY, InstanceState.UNHEALTHY, InstanceState.BACKOFF):
-        clock.now += 1
+        clock.advance(1)
         sup.tick()
         assert sup.state_of(7) == expected
     assert "3 liveness probes failed" in sup.observed()[0].message
@@ -145,7 +146,7 @@ def test_alive_but_not_ready_is_unhealthy_not_restarted(rig: tuple) -> None:
     sup.tick()
     health.ready = False
     for _ in range(5):
-        clock.now += 1
+        clock.advance(1)
         sup.tick()
     assert sup.state_of(7) == InstanceState.UNHEALTHY
     assert len(launcher.launched) == 1
@@ -159,10 +160,10 @@ def test_stop_drains_then_kills_after_the_grace(rig: tuple) -> None:
     sup.stop(7, remove=True)
     assert proc.signals == [signal.SIGTERM]
     assert sup.state_of(7) == InstanceState.STOPPING
-    clock.now += 9
+    clock.advance(9)
     sup.tick()
     assert proc.signals == [signal.SIGTERM]
-    clock.now += 1
+    clock.advance(1)
     sup.tick()
     assert proc.signals == [signal.SIGTERM, signal.SIGKILL]
     sup.tick()
@@ -189,7 +190,9 @@ def test_restarted_agent_adopts_a_live_engine_instead_of_starting_another(rig: t
     health.ready = True
     sup.tick()
     pid = launcher.last.pid
-    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    second = Supervisor(
+        sup.run_dir, launcher, health, clock=clock.monotonic, engine_command=["engine-bin"]
+    )
     assert second.adopt_existing() == [7]
     second.ensure(spec())
     assert len(launcher.launched) == 1
@@ -202,7 +205,9 @@ def test_a_dead_engine_is_not_adopted(rig: tuple) -> None:
     sup, launcher, clock, health, _ = rig
     sup.ensure(spec())
     launcher.alive.clear()
-    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    second = Supervisor(
+        sup.run_dir, launcher, health, clock=clock.monotonic, engine_command=["engine-bin"]
+    )
     assert second.adopt_existing() == []
     assert not (sup.run_dir / "instance-7.json").exists()
 
@@ -237,7 +242,9 @@ def test_a_live_engine_that_does_not_answer_yet_is_adopted_not_duplicated(rig: t
     sup, launcher, clock, health, _ = rig
     sup.ensure(spec())
     health.live = health.ready = False  # still loading its weights
-    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    second = Supervisor(
+        sup.run_dir, launcher, health, clock=clock.monotonic, engine_command=["engine-bin"]
+    )
     assert second.adopt_existing() == [7]
     second.ensure(spec())
     assert len(launcher.launched) == 1
@@ -254,7 +261,7 @@ def test_a_failed_instance_starts_when_it_is_wanted_again(rig: tuple) -> None:
 
 def test_the_engine_is_python_m_engine_serve_with_its_config_file(tmp_path: Path) -> None:
     launcher = FakeLauncher()
-    sup = Supervisor(tmp_path / "run", launcher, Health(), clock=Clock(), env={})
+    sup = Supervisor(tmp_path / "run", launcher, Health(), clock=FakeClock().monotonic, env={})
     sup.ensure(spec())
     argv, _, _ = launcher.launched[0]
     assert argv == [sys.executable, "-m", "engine.serve", "--config", str(sup.config_path(7))]
@@ -263,7 +270,8 @@ def test_the_engine_is_python_m_engine_serve_with_its_config_file(tmp_path: Path
 def test_api_key_and_bind_address_reach_only_the_0600_config(tmp_path: Path) -> None:
     launcher, health = FakeLauncher(), Health()
     sup = Supervisor(
-        tmp_path / "run", launcher, health, clock=Clock(), engine_command=["engine-bin"],
+        tmp_path / "run", launcher, health, clock=FakeClock().monotonic,
+        engine_command=["engine-bin"],
         env={"PATH": "/bin", "DCTL_BOOTSTRAP_TOKEN": "boot-secret", "CUDA_VISIBLE_DEVICES": "3"},
     )  # fmt: skip
     keyed = replace(spec(service={"api_key": "from-deployment"}), bind_address="10.1.2.3",
@@ -313,14 +321,16 @@ def test_an_adopted_engine_keeps_its_api_key(rig: tuple) -> None:
     keyed = replace(spec(), api_key="key-1", bind_address="10.1.2.3")
     sup.ensure(keyed)
     pid = launcher.last.pid
-    second = Supervisor(sup.run_dir, launcher, health, clock=clock, engine_command=["engine-bin"])
+    second = Supervisor(
+        sup.run_dir, launcher, health, clock=clock.monotonic, engine_command=["engine-bin"]
+    )
     assert second.adopt_existing() == [7]
     assert health.calls[-1] == ("10.1.2.3", 18001, "/health/live")
     second.ensure(keyed)  # same key (read back from the config): no restart
     assert len(launcher.launched) == 1
     launcher.last.code = 1  # a crash restarts it with its key, control plane or not
     second.tick()
-    clock.now += 2
+    clock.advance(2)
     second.tick()
     assert len(launcher.launched) == 2 and launcher.last.pid != pid
     assert yaml.safe_load(second.config_path(7).read_text())["service"]["api_key"] == "key-1"

@@ -23,6 +23,7 @@ from cli.rollout_view import exit_code, progress_lines, status_text
 from protocol.rollouts import RolloutOut
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS
 from tests.cli.conftest import Dctl, Result, Server
+from tests.clock import FakeClock
 
 T0 = datetime(2025, 5, 1, 12, 0, tzinfo=UTC)
 BASE = "/api/v1/deployments/demo"
@@ -446,18 +447,18 @@ def test_follow_polls_on_a_fixed_period_until_final() -> None:
     records = [RolloutOut.model_validate(record(step=s)) for s in (1, 2)]
     final = RolloutOut.model_validate(record(state="promoted", step=3))
     answers, shown, slept = [*records[1:], final], [], []
-    now = [100.0]
+    clock = FakeClock()
 
     def sleep(seconds: float) -> None:
         slept.append(seconds)
-        now[0] += seconds + 0.25  # each request takes a quarter second
+        clock.advance(seconds + 0.25)  # each request takes a quarter second
 
     result = cmd_rollout.follow(
         records[0],
         lambda: answers.pop(0),
         lambda b, n: shown.append((b, n)),
         interval=1.0,
-        clock=lambda: now[0],
+        clock=clock.monotonic,
         sleep=sleep,
     )
     assert result is final

@@ -9,7 +9,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from controlplane.app import create_app
 from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
 from controlplane.settings import ControlPlaneSettings
+from tests.clock import FakeClock
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_ADMIN_URL = f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/postgres"
@@ -67,20 +67,6 @@ def drop_pg_database(url: str) -> None:
     with admin.connect() as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
-
-
-class FakeClock:
-    """An injected clock that moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture(scope="session")

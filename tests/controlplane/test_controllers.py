@@ -13,7 +13,7 @@ from controlplane.controllers.host_health import HostHealthController
 from controlplane.controllers.lease import DatabaseLease, new_holder_id
 from controlplane.controllers.loop import ControllerLoop
 from controlplane.db import make_engine
-from tests.controlplane.conftest import FakeClock
+from tests.clock import FakeClock
 
 PERIOD = timedelta(seconds=5)
 

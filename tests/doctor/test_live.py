@@ -32,7 +32,7 @@ from engine.metrics import EngineMetrics
 from protocol.manifest import compute_manifest
 from protocol.wire import SnapshotFailure
 from tests.cli.conftest import Dctl
-from tests.controlplane.conftest import FakeClock
+from tests.clock import FakeClock
 from tests.uvicorn_thread import serve_in_thread
 
 GIB = 2**30

@@ -9,16 +9,7 @@ import pytest
 from gateway.balancer import EJECT_MAX_S, Balancer
 from gateway.routes import Instance, Route, RoutingTable
 from protocol.gateway import RouteTable
-
-
-class Clock:
-    """Seconds that move only when told."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clock import FakeClock
 
 
 def _table(weight: int = 20, stable: int = 2, canary: int = 1) -> RoutingTable:
@@ -52,9 +43,11 @@ def _route(**kwargs: int) -> Route:
     return _table(**kwargs).routes[0]
 
 
-def _balancer(clock: Clock | None = None, seed: int = 7) -> tuple[Balancer, list[Instance]]:
+def _balancer(clock: FakeClock | None = None, seed: int = 7) -> tuple[Balancer, list[Instance]]:
     ejected: list[Instance] = []
-    balancer = Balancer(clock or Clock(), random.Random(seed), lambda i, s: ejected.append(i))
+    balancer = Balancer(
+        (clock or FakeClock()).monotonic, random.Random(seed), lambda i, s: ejected.append(i)
+    )
     return balancer, ejected
 
 
@@ -97,25 +90,25 @@ def test_least_outstanding_wins_and_ties_are_random() -> None:
 
 
 def test_three_failures_eject_for_10s_doubling_to_120s_and_a_success_resets() -> None:
-    clock = Clock()
+    clock = FakeClock()
     balancer, ejected = _balancer(clock)
     route = _route(stable=2)
     bad, good = route.stable.instances
     assert not balancer.failed(bad) and not balancer.failed(bad)
     assert balancer.failed(bad) and ejected == [bad]
     assert balancer.pick((route.stable,)) == (route.stable, good)
-    clock.now += 9.9
+    clock.advance(9.9)
     assert balancer.is_ejected(bad.id)
-    clock.now += 0.2
+    clock.advance(0.2)
     assert not balancer.is_ejected(bad.id)
     # On probation: the next failure ejects again, for twice as long, up to the cap.
     lengths = []
     for _ in range(6):
         assert balancer.failed(bad)
-        start = clock.now
+        start = clock.monotonic()
         while balancer.is_ejected(bad.id):
-            clock.now += 1
-        lengths.append(round(clock.now - start))
+            clock.advance(1)
+        lengths.append(round(clock.monotonic() - start))
     assert lengths == [20, 40, 80, 120, 120, 120]
     assert max(lengths) == EJECT_MAX_S
     balancer.succeeded(bad)
@@ -123,7 +116,7 @@ def test_three_failures_eject_for_10s_doubling_to_120s_and_a_success_resets() ->
 
 
 def test_failures_of_requests_already_in_flight_do_not_extend_an_ejection() -> None:
-    clock = Clock()
+    clock = FakeClock()
     balancer, ejected = _balancer(clock)
     bad = _route().stable.instances[0]
     for _ in range(3):
@@ -131,7 +124,7 @@ def test_failures_of_requests_already_in_flight_do_not_extend_an_ejection() -> N
     for _ in range(5):
         assert not balancer.failed(bad)
     assert len(ejected) == 1
-    clock.now += 10.1
+    clock.advance(10.1)
     assert not balancer.is_ejected(bad.id)
 
 
@@ -159,13 +152,13 @@ def test_any_weight_reaches_both_pools(weight: int) -> None:
 def test_with_every_instance_ejected_the_first_to_recover_is_tried_and_a_success_heals_it() -> None:
     # A rolling restart of two instances: the first is ejected for its downtime and already
     # serves again when the second goes down and is ejected too.
-    clock = Clock()
+    clock = FakeClock()
     balancer, _ = _balancer(clock)
     route = _route(stable=2, canary=0)
     first, second = route.stable.instances
     for _ in range(3):
         balancer.failed(first)
-    clock.now += 4
+    clock.advance(4)
     for _ in range(3):
         balancer.failed(second)
     assert balancer.is_ejected(first.id) and balancer.is_ejected(second.id)

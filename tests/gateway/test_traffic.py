@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -17,19 +17,10 @@ from gateway.traffic import (
     bucket_index,
 )
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, TrafficAccepted, TrafficReport
+from tests.clock import FakeClock
 
 KEY: WindowKey = ("chat", "m:1", "stable")
 CANARY: WindowKey = ("chat", "m:2", "canary")
-
-
-class WallClock:
-    """A wall clock that moves only when told."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 class Sink:
@@ -55,7 +46,7 @@ def test_bucket_bounds_are_inclusive_and_the_last_bucket_takes_the_rest() -> Non
 
 
 def test_windows_count_requests_errors_buckets_and_tokens() -> None:
-    windows = TrafficWindows(WallClock())
+    windows = TrafficWindows(FakeClock())
     windows.record(KEY, None, 0.3, 0.02, 12)
     windows.record(KEY, "5xx", 0.004, 0.004, 0)
     windows.record(KEY, "timeout", 700.0, None, 0)
@@ -75,7 +66,7 @@ def test_windows_count_requests_errors_buckets_and_tokens() -> None:
 
 
 def test_a_report_carries_the_windows_and_starts_new_ones() -> None:
-    clock = WallClock()
+    clock = FakeClock()
     windows = TrafficWindows(clock)
     sink = Sink()
     reporter = TrafficReporter(
@@ -83,7 +74,7 @@ def test_a_report_carries_the_windows_and_starts_new_ones() -> None:
     )
     windows.record(KEY, None, 0.1, 0.05, 4)
     windows.record(CANARY, "5xx", 0.2, None, 0)
-    clock.now += timedelta(seconds=5)
+    clock.advance(5)
     assert asyncio.run(reporter.report_once())
     (report,) = sink.reports
     assert (report.gateway, report.address, report.port) == ("gw-1", "10.0.0.9", 8800)
@@ -99,22 +90,22 @@ def test_a_report_carries_the_windows_and_starts_new_ones() -> None:
 def test_a_failed_report_is_merged_back_and_sent_with_the_next(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = WallClock()
+    clock = FakeClock()
     windows = TrafficWindows(clock)
     sink = Sink()
     reporter = TrafficReporter(
         windows, sink, gateway_id="gw", address=None, port=None, interval_s=5
     )
-    first_start = clock.now
+    first_start = clock()
     sink.fail_with = ClientError("control plane at http://cp did not answer in time")
     for _ in range(3):
         windows.record(KEY, None, 0.1, 0.05, 2)
-        clock.now += timedelta(seconds=5)
+        clock.advance(5)
         assert not asyncio.run(reporter.report_once())
     assert sum("cannot report traffic" in r.message for r in caplog.records) == 1  # once per outage
     sink.fail_with = None
     windows.record(KEY, "5xx", 0.2, None, 0)
-    clock.now += timedelta(seconds=5)
+    clock.advance(5)
     assert asyncio.run(reporter.report_once())
     (report,) = sink.reports
     assert report.started_at == first_start  # the whole outage in one report
@@ -124,7 +115,7 @@ def test_a_failed_report_is_merged_back_and_sent_with_the_next(
 
 
 def test_a_report_the_control_plane_rejects_for_good_is_dropped() -> None:
-    windows = TrafficWindows(WallClock())
+    windows = TrafficWindows(FakeClock())
     sink = Sink()
     reporter = TrafficReporter(
         windows, sink, gateway_id="gw", address=None, port=None, interval_s=5
@@ -140,7 +131,7 @@ def test_a_report_the_control_plane_rejects_for_good_is_dropped() -> None:
 
 
 def test_memory_stays_bounded_by_the_number_of_windows() -> None:
-    windows = TrafficWindows(WallClock())
+    windows = TrafficWindows(FakeClock())
     for i in range(MAX_WINDOWS + 10):
         windows.record((f"d{i}", "m:1", "stable"), None, 0.1, None, 0)
     assert windows.dropped == 10

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
 from controlplane.settings import ControlPlaneSettings
 from gateway.presence import GatewayPresence
+from tests.clock import FakeClock
 from tests.controlplane.conftest import gpu, manifest
 from tests.uvicorn_thread import serve_in_thread
 
@@ -41,27 +41,12 @@ ADDRESS = "10.0.0.5"
 AGENT_METRICS = f"http://{ADDRESS}:9401/metrics"
 
 
-class ShiftedClock:
-    """Real time plus an offset the test moves: heartbeats keep their real spacing (the rate
-    limit sees them apart) while a test jumps past a silence allowance at once."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.offset += timedelta(seconds=seconds)
-
-
 @dataclass
 class Plane:
     """A served control plane, its clock and tokens."""
 
     url: str
-    clock: ShiftedClock
+    clock: FakeClock
     admin: str
     http: httpx.Client
 
@@ -100,7 +85,7 @@ def plane(template: Path, tmp_path: Path) -> Iterator[Plane]:
     path = tmp_path / "dctl.db"
     shutil.copy(template, path)
     url = f"sqlite:///{path}"
-    clock = ShiftedClock()
+    clock = FakeClock.on_real_time()
     engine = make_engine(url)
     admin = ensure_admin_token(engine, clock())
     assert admin is not None

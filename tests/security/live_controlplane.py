@@ -20,7 +20,7 @@ from controlplane.app import create_app
 from controlplane.bootstrap import ensure_admin_token
 from controlplane.db import make_engine
 from controlplane.settings import ControlPlaneSettings
-from tests.controlplane.conftest import FakeClock
+from tests.clock import FakeClock
 from tests.uvicorn_thread import serve_in_thread
 
 V = "/api/v1"
