@@ -1,11 +1,14 @@
 """Alembic helpers behind `dctl db ...` and `dctl server --migrate`.
 
 The alembic configuration lives here in code and the scripts live in the `migrations`
-package, so an installed wheel can migrate without an alembic.ini on disk.
+package, so an installed wheel can migrate without an alembic.ini on disk. The arrow runs one
+way: this module opens the database and hands the connection and the models' metadata to
+`migrations/env.py`, which imports nothing of the control plane.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from alembic import command
@@ -16,7 +19,7 @@ from alembic.script import ScriptDirectory
 from sqlmodel import SQLModel
 
 import controlplane.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from controlplane.db import make_engine, normalise_url
+from controlplane.db import make_engine
 
 
 class SchemaError(RuntimeError):
@@ -29,18 +32,30 @@ def _script_location() -> str:
     return str(Path(migrations.__file__).resolve().parent)
 
 
-def alembic_config(url: str) -> Config:
-    """An alembic Config for `url`, pointing at the packaged migration scripts."""
+def alembic_config() -> Config:
+    """An alembic Config pointing at the packaged migration scripts."""
     config = Config()
     config.set_main_option("script_location", _script_location())
-    # ConfigParser interpolation treats '%' specially; URLs may contain percent-escapes.
-    config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
     return config
+
+
+def _on_database(url: str, step: Callable[[Config], None]) -> None:
+    """Run an alembic command on one connection to `url`, committed when it succeeds."""
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            config = alembic_config()
+            config.attributes["connection"] = conn
+            config.attributes["target_metadata"] = SQLModel.metadata
+            step(config)
+            conn.commit()
+    finally:
+        engine.dispose()
 
 
 def head() -> str:
     """The newest revision shipped with this dctl."""
-    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    script = ScriptDirectory.from_config(alembic_config())
     revision = script.get_current_head()
     if revision is None:
         raise SchemaError("no migrations are packaged with this dctl")
@@ -49,12 +64,12 @@ def head() -> str:
 
 def upgrade(url: str, rev: str = "head") -> None:
     """Upgrade the database at `url` to `rev`."""
-    command.upgrade(alembic_config(url), rev)
+    _on_database(url, lambda config: command.upgrade(config, rev))
 
 
 def downgrade(url: str, rev: str) -> None:
     """Downgrade the database at `url` to `rev` (`base` removes every table)."""
-    command.downgrade(alembic_config(url), rev)
+    _on_database(url, lambda config: command.downgrade(config, rev))
 
 
 def current(url: str) -> str | None:

@@ -1,17 +1,18 @@
-"""Alembic environment: runs migrations on the connection or URL that controlplane.migrate gives."""
+"""Alembic environment: runs the migrations on the connection that controlplane.migrate opens.
+
+Self-contained on purpose: each revision describes the store as it was at that step, so nothing
+here imports the control plane (its live models would make the arrow between the two run both
+ways). The control plane hands over, in `config.attributes`, the open `connection` and its
+models' `target_metadata` (what autogenerate compares against).
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from alembic import context
-from sqlmodel import SQLModel
-
-import controlplane.models  # noqa: F401  (registers the tables on SQLModel.metadata)
-from controlplane.db import make_engine
 
 config = context.config
-target_metadata = SQLModel.metadata
 
 
 def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:
@@ -25,24 +26,16 @@ def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[Fal
 
 
 def run_migrations() -> None:
-    """Migrate using the connection passed in `config.attributes`, or a fresh engine."""
+    """Migrate on the connection passed in `config.attributes`; the caller commits."""
     connection = config.attributes.get("connection")
-    if connection is not None:
-        _run(connection)
-        return
-    engine = make_engine(config.get_main_option("sqlalchemy.url") or "")
-    try:
-        with engine.connect() as conn:
-            _run(conn)
-            conn.commit()
-    finally:
-        engine.dispose()
-
-
-def _run(connection: Any) -> None:
+    if connection is None:
+        raise RuntimeError(
+            "dctl's migrations run through dctl, which opens the database: "
+            "dctl db upgrade --db URL (or controlplane.migrate.upgrade)"
+        )
     context.configure(
         connection=connection,
-        target_metadata=target_metadata,
+        target_metadata=config.attributes.get("target_metadata"),
         render_as_batch=connection.dialect.name == "sqlite",
         render_item=render_item,
         compare_type=True,

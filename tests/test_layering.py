@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = (
     "protocol", "runtime", "client", "cli", "controlplane", "gateway", "agent", "engine", "tui",
-    "provision", "doctor",
+    "provision", "doctor", "migrations", "monitoring",
 )  # fmt: skip
 # What each part may import of the project (itself always). `cli` is the composition root.
 ALLOWED: dict[str, set[str]] = {
@@ -21,14 +21,18 @@ ALLOWED: dict[str, set[str]] = {
     "client": {"protocol", "runtime"},
     "engine": {"protocol", "runtime"},
     "agent": {"protocol", "runtime"},
-    # alembic's migrations belong to the control plane's store.
+    # alembic's migrations belong to the control plane's store, which runs them.
     "controlplane": {"protocol", "runtime", "migrations"},
+    # Each revision describes the store as it was then: never the control plane's live models.
+    "migrations": set(),
+    # Files for Prometheus and Grafana, and the code that generates the dashboard.
+    "monitoring": set(),
     # Their own processes and tools: they reach the control plane over its REST API only.
     "gateway": {"protocol", "runtime", "client"},
     "provision": {"protocol", "runtime", "client"},
     "doctor": {"protocol", "runtime", "client"},
     "tui": {"protocol", "runtime", "client"},
-    "cli": set(PARTS) | {"migrations"},
+    "cli": set(PARTS),
 }
 # Third-party packages a part must stay importable without: the store and the servers' frameworks
 # stay out of what runs without them, and only tui (and cli, which starts it) imports textual.
@@ -45,12 +49,16 @@ FORBIDDEN_THIRD_PARTY: dict[str, set[str]] = {
     "doctor": _STORE_AND_SERVERS | {"textual"},
     "tui": _STORE_AND_SERVERS,
     "cli": set(),
+    "migrations": set(),
+    "monitoring": set(),
 }
 # Parts that may import no third-party package but these (the standard library always): the
 # contracts use pydantic (+ pydantic-settings) and PyYAML.
 ONLY_THIRD_PARTY: dict[str, set[str]] = {
     "protocol": {"pydantic", "pydantic_settings", "pydantic_core", "yaml"},
     "runtime": {"pydantic", "pydantic_settings", "pydantic_core", "yaml"},
+    "migrations": {"alembic", "sqlalchemy"},
+    "monitoring": set(),
 }
 
 
@@ -85,7 +93,7 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
 def violations(part: str, imported: str) -> str | None:
     """Why a module of `part` may not import `imported`, or None when it may."""
     top = imported.split(".")[0]
-    if top in {*PARTS, "migrations"}:
+    if top in PARTS:
         if top == part or top in ALLOWED[part]:
             return None
         allowed = ", ".join(sorted(ALLOWED[part])) or "nothing"
@@ -94,7 +102,8 @@ def violations(part: str, imported: str) -> str | None:
         return f"{part} stays importable without {top}"
     only = ONLY_THIRD_PARTY.get(part)
     if only is not None and top not in only and top not in sys.stdlib_module_names:
-        return f"{part} imports only the standard library and {', '.join(sorted(only))}"
+        also = f" and {', '.join(sorted(only))}" if only else ""
+        return f"{part} imports only the standard library{also}"
     return None
 
 
@@ -182,6 +191,13 @@ def test_every_part_has_its_rules() -> None:
         ("doctor/bad.py", "from cli import output\n", "doctor imports only client, protocol"),
         ("doctor/bad.py", "from gateway import routes\n", "not gateway"),
         ("doctor/bad.py", "import fastapi\n", "doctor stays importable without"),
+        ("migrations/env.py", "import controlplane.models\n", "migrations imports only nothing"),
+        ("migrations/versions/0099_x.py", "from controlplane.db import X\n", "not controlplane"),
+        ("migrations/env.py", "import fastapi\n", "the standard library and alembic, sqlalchemy"),
+        ("monitoring/grafana/bad.py", "from engine import metrics\n", "monitoring imports only"),
+        ("monitoring/bad.py", "import yaml\n", "monitoring imports only the standard library"),
+        ("controlplane/bad.py", "from monitoring import ARTEFACTS\n", "not monitoring"),
+        ("tui/bad.py", "import migrations\n", "not migrations"),
     ],
 )
 def test_a_forbidden_import_is_caught(
@@ -219,6 +235,13 @@ def test_allowed_imports_pass(tmp_path: Path) -> None:
     )
     (tmp_path / "cli" / "parts.py").write_text(
         "def f():\n    from gateway import main\n    import provision.ssh\n    import doctor\n"
+        "    import monitoring\n    import migrations\n"
+    )
+    (tmp_path / "controlplane" / "migrate.py").write_text("import alembic\nimport migrations\n")
+    (tmp_path / "migrations" / "env.py").write_text("from alembic import context\nimport typing\n")
+    (tmp_path / "migrations" / "r1.py").write_text("import sqlalchemy as sa\nimport secrets\n")
+    (tmp_path / "monitoring" / "ok.py").write_text(
+        "import json\nfrom importlib import resources\nfrom monitoring.grafana import promql\n"
     )
     assert all_violations(tmp_path) == []
 
@@ -249,3 +272,4 @@ def test_an_import_past_the_ports_is_caught(tmp_path: Path, source: str) -> None
     problems = port_violations(tmp_path)
     assert problems and all(p.startswith("controlplane.rollouts.bad imports") for p in problems)
     assert all("via controlplane.rollouts.ports" in p for p in problems)
+
