@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -273,3 +275,91 @@ def test_an_import_past_the_ports_is_caught(tmp_path: Path, source: str) -> None
     assert problems and all(p.startswith("controlplane.rollouts.bad imports") for p in problems)
     assert all("via controlplane.rollouts.ports" in p for p in problems)
 
+
+# Inside the TUI: its headless core (formatting, health levels, fetching and shaping the data, the
+# actions' rules, its settings) imports without textual, so it is tested without a screen; the
+# screens and widgets build on it, never the other way round. Packages are listed too: importing
+# a module imports its packages first.
+TUI_HEADLESS = frozenset({
+    "tui", "tui.actions", "tui.actions.canary", "tui.actions.rules", "tui.fetch", "tui.format",
+    "tui.health", "tui.link", "tui.settings", "tui.traffic", "tui.widgets", "tui.widgets.cells",
+})  # fmt: skip
+
+
+def _module_path(root: Path, module: str) -> Path | None:
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def headless_violations(root: Path = ROOT, headless: frozenset[str] = TUI_HEADLESS) -> list[str]:
+    """Every import of textual, or of a TUI module outside HEADLESS, by a module in HEADLESS."""
+    problems = []
+    for module in sorted(headless):
+        path = _module_path(root, module)
+        if path is None:
+            problems.append(f"{module} is listed as headless but does not exist")
+            continue
+        for imported in sorted(imports_of(path, root)):
+            top = imported.split(".")[0]
+            if top == "textual":
+                problems.append(f"{module} imports {imported}: the TUI's core imports without it")
+            elif top == "tui":
+                # `from tui.format import duration` also yields `tui.format.duration`, a name.
+                target = imported if _module_path(root, imported) else imported.rpartition(".")[0]
+                if target not in headless:
+                    problems.append(f"{module} imports {imported}: {target} needs textual")
+    return problems
+
+
+def test_the_tui_core_imports_only_itself() -> None:
+    assert headless_violations() == []
+
+
+def test_the_tui_core_imports_with_textual_blocked() -> None:
+    # One process for all: with textual blocked, any import of it fails wherever it comes from.
+    # tui.app is the control that shows the block works.
+    script = (
+        "import importlib, json, sys\n"
+        "sys.modules['textual'] = None  # `import textual...` now raises ImportError\n"
+        "errors = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except ImportError as exc:\n"
+        "        errors[name] = str(exc)\n"
+        "print(json.dumps(errors))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *sorted(TUI_HEADLESS), "tui.app"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    errors = json.loads(result.stdout)
+    assert list(errors) == ["tui.app"], errors
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("from textual.widgets import Static\n", "tui.format imports textual.widgets"),
+        ("from tui import dialogs\n", "tui.dialogs needs textual"),
+        ("def f():\n    from tui.views.base import View\n", "tui.views.base needs textual"),
+        ("from .dialogs import ConfirmDialog\n", "tui.dialogs needs textual"),
+    ],
+)
+def test_a_textual_import_in_the_tui_core_is_caught(
+    tmp_path: Path, source: str, reason: str
+) -> None:
+    tui = tmp_path / "tui"
+    (tui / "views").mkdir(parents=True)
+    for name in ("__init__.py", "health.py", "dialogs.py", "views/__init__.py", "views/base.py"):
+        (tui / name).write_text("")
+    headless = frozenset({"tui", "tui.format", "tui.health"})
+    (tui / "format.py").write_text("from tui.health import Level\nfrom rich.text import Text\n")
+    assert headless_violations(tmp_path, headless) == []
+    (tui / "format.py").write_text(source)
+    problems = headless_violations(tmp_path, headless)
+    assert problems and all(reason in p for p in problems), problems

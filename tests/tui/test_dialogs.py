@@ -32,8 +32,8 @@ from tui.actions import (
     refusal,
     rollback_choices,
     rollback_plan,
-    run_action,
 )
+from tui.actions.run import run_action
 from tui.dialogs import CanaryForm, ConfirmDialog, ErrorDialog, RollbackPicker
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

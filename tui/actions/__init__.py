@@ -1,5 +1,6 @@
-"""The TUI's actions on deployments and hosts: the keys, what each one sends (`rules`, `canary`:
-pure, tested without a screen) and `run_action`, which asks, confirms, sends and shows."""
+"""The TUI's actions on deployments and hosts: the keys and what each one sends (`rules`,
+`canary`: pure, tested without a screen). `tui.actions.run.run_action`, which asks, confirms,
+sends and shows, is not re-exported: this package imports without textual."""
 
 from tui.actions.canary import CanaryFields, FieldError, read_canary
 from tui.actions.rules import (
@@ -14,7 +15,6 @@ from tui.actions.rules import (
     rollback_choices,
     rollback_plan,
 )
-from tui.actions.run import run_action
 
 __all__ = [
     "ACTION_KEYS",
@@ -30,5 +30,4 @@ __all__ = [
     "refusal",
     "rollback_choices",
     "rollback_plan",
-    "run_action",
 ]

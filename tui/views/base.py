@@ -191,7 +191,7 @@ class ViewScreen(Screen[None]):
 
     async def _act(self, action: str, target: Any) -> None:
         # Imported here: actions are a separate module, and the views work without them.
-        from tui.actions import run_action
+        from tui.actions.run import run_action
 
         try:
             accepted = await run_action(self.app, self.dctl.client, action, target)
