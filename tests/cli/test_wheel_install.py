@@ -85,11 +85,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 def test_db_upgrade_from_an_installed_wheel(installed: Installed) -> None:
     python, site, env, tmp_path = installed.python, installed.site, installed.env, installed.home
     where = subprocess.run(
-        # The parts of their own (gateway, provision, doctor) ship too.
+        # The parts of their own (gateway, provision, doctor) and the shared runtime ship too.
         [
             str(python),
             "-c",
-            "import controlplane, gateway.main, provision.wheel, doctor, "
+            "import controlplane, gateway.main, provision.wheel, doctor, runtime.asgi_body, "
             "migrations; print(migrations.__file__)",
         ],
         cwd=tmp_path,

@@ -122,7 +122,8 @@ def test_running_wheel_builds_dctl(built: tuple[DctlWheel, Path, float]) -> None
     assert wheel.digest == wheel_digest(wheel.path)
     with zipfile.ZipFile(wheel.path) as archive:
         names = set(archive.namelist())
-    assert {"provision/wheel.py", "gateway/main.py", "doctor/__init__.py"} <= names
+    parts = {"provision/wheel.py", "gateway/main.py", "doctor/__init__.py", "runtime/tls.py"}
+    assert parts <= names
     assert f"dctl-{wheel.version}.dist-info/entry_points.txt" in names
     assert not any(name.startswith("tests/") for name in names)
     assert not any(name.endswith(".pyc") for name in names)
