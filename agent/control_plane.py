@@ -22,8 +22,15 @@ from typing import Protocol
 import httpx
 from pydantic import PrivateAttr, ValidationError
 
+from agent.errors import (
+    ControlPlaneRejected,
+    ControlPlaneUnavailable,
+    ForeignUrl,
+    PrivateFileError,
+    UnusableIdentity,
+)
 from agent.http_bodies import ERROR_BODY_LIMIT, read_capped
-from agent.private_files import PrivateFileError, read_private, write_private
+from agent.private_files import read_private, write_private
 from protocol.wire import (
     HEARTBEAT_PATH,
     INT32_MAX,
@@ -40,28 +47,6 @@ log = logging.getLogger("dctl.agent")
 # A desired state is a few KiB per instance (manifests included); far more is not a reply.
 REPLY_LIMIT = 64 * 1024 * 1024
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-class ControlPlaneUnavailable(Exception):
-    """The control plane cannot be reached or answered 5xx: keep serving, try again later."""
-
-
-class ControlPlaneRejected(Exception):
-    """The control plane refused the request (4xx); the message carries its reason."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-
-
-class UnusableIdentity(Exception):
-    """The saved identity may not be used: issued by another control plane, or its files are not
-    the agent's own plain files. The message says which files to remove to register again."""
-
-
-class ForeignUrl(ValueError):
-    """A URL the control plane sent is not on the control plane: the agent token never goes
-    there."""
 
 
 def _origin(url: str) -> tuple[str, str, int]:

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, UnusableIdentity
+from agent.control_plane import ControlPlaneLink
 from agent.engine_process import HttpMetricsScraper, HttpProber, SubprocessLauncher
-from agent.errors import AgentFailure
+from agent.errors import AgentFailure, ControlPlaneRejected, UnusableIdentity
 from agent.gpu import BackendSelection, FakeBackend, select_backend
 from agent.host_facts import default_host_name, route_address
 from agent.instance_spec import SupervisorPolicy

@@ -17,13 +17,11 @@ import os
 import stat
 from pathlib import Path
 
+from agent.errors import PrivateFileError
+
 log = logging.getLogger("dctl.agent")
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
-
-
-class PrivateFileError(OSError):
-    """A private file or directory is not what it must be (a symlink, not ours); says what to do."""
 
 
 def write_private(path: Path, text: str) -> None:

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agent.admission import memory_shortfall, refusal, reportable
-from agent.control_plane import DesiredState, ForeignUrl, files_url_on
+from agent.control_plane import DesiredState, files_url_on
+from agent.errors import ForeignUrl
 from agent.gpu import GpuSnapshot
 from agent.instance_spec import InstanceSpec
 from agent.preflight import PreflightReport

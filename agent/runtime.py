@@ -17,16 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.control_plane import (
-    AgentIdentity,
-    ControlPlane,
-    ControlPlaneRejected,
-    ControlPlaneUnavailable,
-    DesiredState,
-    IdentityStore,
-    UnusableIdentity,
-)
+from agent.control_plane import AgentIdentity, ControlPlane, DesiredState, IdentityStore
 from agent.engine_metrics import EngineMetricsTracker
+from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable, UnusableIdentity
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
 from agent.host_facts import default_host_name, gpu_status, host_facts, rss_bytes
 from agent.metrics import AgentMetrics

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
+from agent.errors import SnapshotError, SnapshotMismatch
+from agent.snapshots import SnapshotStore
 from protocol.wire import ModelVersionRef, SnapshotProgress
 
 log = logging.getLogger("dctl.agent.snapshots")

@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 import httpx
 
+from agent.errors import FetchCancelled, SnapshotError, SnapshotMismatch, TransferRefused
 from agent.http_bodies import error_text
 from protocol.manifest import hash_file
 from protocol.sources import local_source_dir
@@ -46,33 +47,6 @@ CHUNK = 1 << 20
 DEFAULT_KEEP = 3
 ProgressCallback = Callable[[SnapshotProgress], None]
 FetchState = Literal["downloading", "verifying", "ready", "failed"]
-
-
-class SnapshotError(Exception):
-    """A snapshot cannot be fetched or used; the message says which file and what to do."""
-
-
-class SnapshotMismatch(SnapshotError):
-    """A file's size or sha256 differs from the manifest: the source is corrupt or was changed."""
-
-    def __init__(self, digest: str, path: str, expected: str, actual: str) -> None:
-        super().__init__(
-            f"snapshot {digest[:12]}: file {path} does not match the manifest "
-            f"(expected {expected}, got {actual}); the source is corrupt or was modified after "
-            "registration - fix the source or register a new version"
-        )
-        self.path = path
-
-
-class TransferRefused(SnapshotError):
-    """The file server answered what the agent cannot use (an error status, a wrong range).
-
-    Only the file in flight is dropped; other files' partial data stays for the next attempt.
-    """
-
-
-class FetchCancelled(SnapshotError):
-    """The agent is shutting down; the partial data is kept so the next fetch resumes."""
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.snapshots import SnapshotError, SnapshotStore
+from agent.errors import SnapshotError
+from agent.snapshots import SnapshotStore
 from protocol.manifest import compute_manifest
 
 MB = 1024 * 1024

@@ -8,7 +8,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, ControlPlaneUnavailable
+from agent.control_plane import ControlPlaneLink
+from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable
 from agent.gpu import FakeBackend
 from agent.metrics import AgentMetrics
 from protocol.wire import Heartbeat, HeartbeatReply

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from agent.control_plane import ControlPlaneRejected, ControlPlaneUnavailable, DesiredState
+from agent.control_plane import DesiredState
+from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable
 from agent.gpu import BackendSelection, EngineLoadSource, FakeBackend, GpuSnapshot
 from agent.preflight import PreflightReport
 from agent.runtime import Agent, AgentConfig

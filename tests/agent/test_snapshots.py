@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from agent.snapshots import FetchCancelled, SnapshotError, SnapshotMismatch, SnapshotStore
+from agent.errors import FetchCancelled, SnapshotError, SnapshotMismatch
+from agent.snapshots import SnapshotStore
 from protocol.manifest import compute_manifest
 from protocol.wire import SnapshotProgress
 

@@ -18,11 +18,12 @@ import pytest
 from prometheus_client import generate_latest
 
 from agent.engine_metrics import EngineMetricsTracker
+from agent.errors import SnapshotMismatch
 from agent.gpu.fake import FakeBackend
 from agent.gpu.select import BackendSelection
 from agent.host_facts import gpu_status, host_facts
 from agent.preflight import PreflightConfig, TorchInfo, run_preflight
-from agent.snapshots import SnapshotMismatch, SnapshotStore
+from agent.snapshots import SnapshotStore
 from controlplane import migrate
 from controlplane.app import create_app
 from controlplane.bootstrap import ensure_admin_token

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.control_plane import ForeignUrl, files_url_on
+from agent.control_plane import files_url_on
+from agent.errors import ForeignUrl
 from protocol.wire import InstanceState
 from tests.agent.fakes import FakeLauncher
 from tests.agent.loopback import (

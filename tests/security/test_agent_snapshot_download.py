@@ -15,8 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, ControlPlaneUnavailable
-from agent.snapshots import SnapshotError, SnapshotMismatch, SnapshotStore
+from agent.control_plane import ControlPlaneLink
+from agent.errors import (
+    ControlPlaneRejected,
+    ControlPlaneUnavailable,
+    SnapshotError,
+    SnapshotMismatch,
+)
+from agent.snapshots import SnapshotStore
 from protocol.manifest import compute_manifest
 from protocol.wire import Heartbeat, Manifest
 from tests.agent.loopback import Answer, LoopbackServer, Seen, endless, file_answer

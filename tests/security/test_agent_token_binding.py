@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.control_plane import AgentIdentity, IdentityStore, UnusableIdentity
+from agent.control_plane import AgentIdentity, IdentityStore
+from agent.errors import UnusableIdentity
 from agent.private_files import write_private
 from tests.agent.loopback import (
     FakeControlPlane,

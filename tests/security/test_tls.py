@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from agent.control_plane import ControlPlaneLink, ControlPlaneRejected, ControlPlaneUnavailable
+from agent.control_plane import ControlPlaneLink
+from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable
 from agent.instance_spec import InstanceSpec, engine_config
 from agent.settings import SettingsError, load_agent_settings
 from client.credentials import CredentialsFile, resolve
