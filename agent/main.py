@@ -25,10 +25,10 @@ from agent.errors import AgentFailure, ControlPlaneRejected, UnusableIdentity
 from agent.gpu import BackendSelection, FakeBackend, select_backend
 from agent.host_facts import default_host_name, route_address
 from agent.instance_spec import SupervisorPolicy
+from agent.main_loop import Agent, AgentConfig
 from agent.metrics import AgentMetrics
 from agent.preflight import PreflightConfig, run_preflight
 from agent.private_files import private_dir, write_private
-from agent.runtime import Agent, AgentConfig
 from agent.settings import AgentSettings, SettingsError
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor

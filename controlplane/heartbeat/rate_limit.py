@@ -2,7 +2,7 @@
 name), checked before any database write.
 
 An agent heartbeats once per interval, and sooner only to report an instance's state change
-(0.2 s after it, however many change at once: `agent.runtime`). So a bucket refilled with
+(0.2 s after it, however many change at once: `agent.main_loop`). So a bucket refilled with
 `per_interval` heartbeats per interval (4 by default: four times what an agent sends) and
 holding `HEARTBEAT_BURST` of them lets every real agent through, transitions of a whole host
 included, while a host that sends faster for longer (a runaway loop, a stolen agent token) is

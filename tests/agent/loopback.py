@@ -26,8 +26,8 @@ from typing import Any
 
 from agent.control_plane import ControlPlaneLink
 from agent.gpu import BackendSelection, FakeBackend
+from agent.main_loop import Agent, AgentConfig
 from agent.preflight import PreflightReport
-from agent.runtime import Agent, AgentConfig
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
 from protocol.manifest import compute_manifest

@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from agent.control_plane import DesiredState
 from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable
 from agent.gpu import BackendSelection, EngineLoadSource, FakeBackend, GpuSnapshot
+from agent.main_loop import Agent, AgentConfig
 from agent.preflight import PreflightReport
-from agent.runtime import Agent, AgentConfig
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
 from protocol.manifest import compute_manifest
