@@ -74,7 +74,7 @@ def provision(
     """Provision hosts over SSH: install dctl, configure and start the agent, wait until it
     registers, print each host's preflight verdict (admin)."""
     from client.credentials import CredentialsError, resolve
-    from provision.inventory import InventoryError
+    from provision.errors import InventoryError
     from provision.provisioner import RunOptions
     from provision.ssh import ProvisionError
     from provision.wheel import running_wheel, wheelhouse_files

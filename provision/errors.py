@@ -5,7 +5,9 @@
 ProvisionError
 ├── HostKeyError     the host key is unknown (and not accepted), changed or revoked
 ├── ConnectError     unreachable, refused, timed out, or our credentials were not accepted
-└── CommandFailed    a remote command exited non-zero (provision.ssh; has `.result`)
+├── CommandFailed    a remote command exited non-zero (provision.ssh; has `.result`)
+└── StepFailed       a step of provisioning could not be done (has `.step`)
+InventoryError       a hosts file or flag the user must fix (a ValueError)
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ class HostKeyError(ProvisionError):
 
 class ConnectError(ProvisionError):
     """The host could not be reached or refused our credentials."""
+
+
+class StepFailed(ProvisionError):
+    """A step could not be done; the message says why and what to do."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class InventoryError(ValueError):
+    """A hosts file or flag the user must fix; the message names the entry and the field."""
 
 
 def connect_error(

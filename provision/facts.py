@@ -232,7 +232,7 @@ def _size(count: int) -> str:
 
 def run_facts(remote: Remote, prefix: str, python: str | None) -> HostFacts:
     """Run the facts script on REMOTE and parse what it printed (ProvisionError if garbled)."""
-    from provision.ssh import ProvisionError
+    from provision.errors import ProvisionError
 
     result = remote.run(facts_script(prefix, python), check=True, timeout_s=60)
     try:

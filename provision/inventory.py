@@ -15,16 +15,13 @@ from typing import Any
 
 import yaml
 
+from provision.errors import InventoryError
 from provision.target import SshTarget
 
 DEFAULT_EXTRAS = ("engine", "gpu")
 # The extras of dctl a host may be given (pyproject.toml's optional dependencies that make
 # sense on a GPU host: the TUI and the dev tools do not).
 HOST_EXTRAS = ("engine", "gpu", "postgres")
-
-
-class InventoryError(ValueError):
-    """A hosts file or flag the user must fix; the message names the entry and the field."""
 
 
 @dataclass(frozen=True)

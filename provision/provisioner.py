@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provision.errors import ProvisionError, StepFailed
 from provision.facts import hard_failures, run_facts
 from provision.fleet import BootstrapToken, Fleet, drain_and_wait
 from provision.install import DryRun, Installer
@@ -39,7 +40,7 @@ from provision.layout import (
     running_command,
     systemd_unit,
 )
-from provision.ssh import ProvisionError, Remote, SshOptions
+from provision.ssh import Remote, SshOptions
 from provision.wheel import DctlWheel
 
 q = shlex.quote
@@ -84,14 +85,6 @@ class Outcome:
     def ok(self) -> bool:
         """Anything but a failure (a failing preflight is reported, not a failure)."""
         return self.result != "failed"
-
-
-class StepFailed(ProvisionError):
-    """A step could not be done; the message says why and what to do."""
-
-    def __init__(self, step: str, message: str) -> None:
-        super().__init__(message)
-        self.step = step
 
 
 def preflight_verdict(checks: list[Any]) -> str:

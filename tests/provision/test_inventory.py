@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from provision.errors import InventoryError
 from provision.inventory import (
     HostSpec,
-    InventoryError,
     load_hosts,
     parse_extras,
     parse_labels,
