@@ -6,8 +6,8 @@ Modules: `settings` (what `dctl agent` reads: `[agent]` table, `DCTL_AGENT_*` en
 symlinks followed), `http_bodies` (capped reads of server-chosen bodies), `engine_metrics`,
 `metrics` (the agent's own /metrics), `control_plane` (`ControlPlaneLink`: the wire calls; the
 identity, bound to the control plane that issued its token), `host_facts`, `reconciler` (desired
-state -> engines and fetches, + `admission`: what a desired instance must pass), `runtime`
+state -> engines and fetches, + `admission`: what a desired instance must pass), `main_loop`
 (the main loop), `main` (the entry module: `dctl agent` calls `main.run`) and `errors` (every
-exception the agent raises). It imports only `protocol` and runs engines as
-`python -m engine.serve --config FILE` subprocesses, never importing them.
+exception the agent raises). It imports only the bottom layer (`protocol`, `runtime`) and runs
+engines as `python -m engine.serve --config FILE` subprocesses, never importing them.
 """

@@ -5,8 +5,8 @@ reads its routing table from the control plane (or a static file), sends each re
 instance of the named deployment (stable or canary by weight, least outstanding requests,
 passive health), streams the answer back, and reports what it served per version.
 
-It imports only `protocol`, `client` and third-party packages: nothing of the control plane
-(no database, no FastAPI), so it starts fast and runs anywhere. Its entry module is `main`.
+It imports only `protocol`, `runtime`, `client` and third-party packages: nothing of the control
+plane (no database, no FastAPI), so it starts fast and runs anywhere. Its entry module is `main`.
 """
 
 from gateway.main import Gateway, build_gateway, run
