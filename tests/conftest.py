@@ -24,6 +24,8 @@ E2E_DIRS = frozenset({"agent_e2e", "gateway_e2e", "rollout_e2e", "provision", "o
 # Modules elsewhere that start stacks too: the benchmarks' smoke runs (a fleet, a provisioned
 # host, servers under load), sshd.
 E2E_MODULES = frozenset({"test_bench_smoke.py", "security/test_provision_revoked_host_key.py"})
+# The per-test limit (fixtures included) for e2e tests; pyproject's `timeout` for the rest.
+E2E_TIMEOUT_S = 900
 FUZZ_MODULES = frozenset({"controlplane/test_fuzz.py", "engine_server/test_fuzz_openapi.py"})
 # Tests that must not overlap a directory's tests, so run on its worker: the provisioning
 # benchmark creates and deletes the `dctl` service user, as tests/provision's fleet does.
@@ -51,6 +53,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module, top = relative.as_posix(), relative.parts[0]
         if top in E2E_DIRS or module in E2E_MODULES:
             item.add_marker(pytest.mark.e2e)
+            # pytest-timeout counts a test's fixtures too: the first test of a stack pays for
+            # building it (a provisioned fleet took 170 s alone on CI), more on a shared CPU.
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(E2E_TIMEOUT_S))
         if module in FUZZ_MODULES:
             item.add_marker(pytest.mark.fuzz)
         group = SAME_WORKER_AS.get(item.nodeid.removeprefix("tests/"))
