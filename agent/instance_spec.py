@@ -40,15 +40,21 @@ class InstanceSpec:
     api_key: str | None = field(default=None, repr=False)
     tls_cert: str | None = None
     tls_key: str | None = None
+    # CPU threads for an engine config that sets none (`agent.cpu_threads`); None: torch's own.
+    threads: int | None = None
 
     def fingerprint(self) -> str:
         """Stable hash of the spec, to tell 'same engine' from 'replace it'.
 
         The API key is part of it, so a new key restarts the engine; 64 bits of a SHA-256 over
-        a random key reveal nothing about it.
+        a random key reveal nothing about it. The default `threads` is not: it follows how many
+        instances the host has, and a scale-up or a surge canary must not replace the engines
+        already serving; an engine gets the current figure at its next start.
         """
-        data = json.dumps(asdict(self), sort_keys=True, default=list)
-        return hashlib.sha256(data.encode()).hexdigest()[:16]
+        data = asdict(self)
+        del data["threads"]
+        text = json.dumps(data, sort_keys=True, default=list)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def probe_address(self) -> str:
@@ -104,9 +110,25 @@ def engine_config(spec: InstanceSpec) -> dict[str, Any]:
     model.update(path=spec.snapshot_path, snapshot_digest=spec.digest)
     # Clients name the deployment (through the gateway or not): another name would be a 404.
     model["served_name"] = spec.deployment
-    config.setdefault("resources", {}).setdefault("device", spec.device)
+    resources = config.setdefault("resources", {})
+    resources.setdefault("device", spec.device)
+    if resources.get("threads") is None and spec.threads is not None:
+        resources["threads"] = spec.threads
     config.setdefault("logging", {}).setdefault("format", "json")
     return config
+
+
+def threads_note(spec: InstanceSpec, config: dict[str, Any]) -> str:
+    """The engine's CPU threads as its launch message gives them, and who chose them ("" when
+    neither its config nor the agent sets any: torch's own default)."""
+    threads = config.get("resources", {}).get("threads")
+    if threads is None:
+        return ""
+    # The spec's config is the deployment's, already validated by `engine_config()`.
+    configured = spec.engine_config.get("resources", {}) if spec.engine_config else {}
+    by_config = isinstance(configured, dict) and configured.get("threads") is not None
+    who = "engine config" if by_config else "agent default: the host's cores / its instances"
+    return f"{threads} CPU thread{'' if threads == 1 else 's'} ({who})"
 
 
 def api_key_in(config: dict[str, Any]) -> str | None:

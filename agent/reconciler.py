@@ -15,6 +15,7 @@ from pathlib import Path
 
 from agent.admission import memory_shortfall, refusal, reportable
 from agent.control_plane import DesiredState, files_url_on
+from agent.cpu_threads import threads_per_instance, usable_cores
 from agent.errors import ForeignUrl
 from agent.gpu import GpuSnapshot
 from agent.instance_spec import InstanceSpec
@@ -23,6 +24,7 @@ from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
 from protocol.plain_text import printable
+from protocol.version_ref import VersionRef
 from protocol.wire import (
     DesiredInstance,
     DesiredInstanceState,
@@ -63,6 +65,9 @@ class Reconciler:
         # downloads, and refusals (a desired state that could not be read or applied).
         self._waiting: dict[int, tuple[InstanceState, str]] = {}
         self._sample: GpuSnapshot | None = None
+        # CPU threads for each engine whose config sets none: the cores shared by every instance
+        # placed on this host (held stopped ones too, so a restart does not change the figure).
+        self._threads: int | None = None
 
     def apply(self, reply: DesiredState, sample: GpuSnapshot | None) -> list[int]:
         """Make the supervisor run what REPLY wants; returns the instances no longer wanted.
@@ -70,6 +75,7 @@ class Reconciler:
         SAMPLE is the latest GPU sample (None: unknown), to check GPU indices and memory.
         """
         self._sample = sample
+        self._threads = threads_per_instance(usable_cores(), len(reply.instances))
         wanted = {d.instance_id for d in reply.instances} | set(reply.unreadable)
         for instance_id, reason in reply.unreadable.items():
             self._refuse(instance_id, reason)
@@ -156,7 +162,8 @@ class Reconciler:
             return
         self._waiting[instance_id] = (
             InstanceState.DOWNLOADING,
-            f"fetching snapshot {desired.model.name}:{desired.model.version} ({digest[:12]})",
+            f"fetching snapshot {VersionRef(desired.model.name, desired.model.version)} "
+            f"({digest[:12]})",
         )
 
     def _refuse(self, instance_id: int, reason: str) -> None:
@@ -179,6 +186,7 @@ class Reconciler:
             api_key=desired.api_key,
             tls_cert=self.engine_tls[0] if self.engine_tls else None,
             tls_key=self.engine_tls[1] if self.engine_tls else None,
+            threads=self._threads,
         )
 
     def _prefetch(self, ref: ModelVersionRef) -> None:

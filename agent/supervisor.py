@@ -38,7 +38,13 @@ from agent.engine_process import (
     truncate_if_large,
 )
 from agent.gpu import EngineLoad
-from agent.instance_spec import InstanceSpec, SupervisorPolicy, api_key_in, engine_config
+from agent.instance_spec import (
+    InstanceSpec,
+    SupervisorPolicy,
+    api_key_in,
+    engine_config,
+    threads_note,
+)
 from agent.private_files import private_dir, write_private
 from agent.supervised_instance import SupervisedInstance, exit_info
 from protocol.engine_config import ServeConfigError
@@ -99,6 +105,7 @@ class Supervisor:
             return
         current.note = ""
         if current.spec.fingerprint() == spec.fingerprint():
+            current.spec = spec  # the same engine; its next start takes today's default threads
             if current.state in (InstanceState.STOPPED, InstanceState.FAILED):
                 current.failures = 0
                 self._start(current)
@@ -204,7 +211,9 @@ class Supervisor:
         inst.killed = False
         inst.after_stop = "stay"
         self._save_pid(inst)
-        self._set(inst, InstanceState.STARTING, f"pid {inst.process.pid} on port {spec.port}")
+        started = f"pid {inst.process.pid} on port {spec.port}"
+        threads = threads_note(spec, config)
+        self._set(inst, InstanceState.STARTING, f"{started}, {threads}" if threads else started)
 
     def _save_pid(self, inst: SupervisedInstance) -> None:
         instance_id = inst.spec.instance_id

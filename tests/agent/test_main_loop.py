@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 import time
@@ -353,6 +354,72 @@ def test_the_engine_binds_the_given_address_with_its_key_on_its_gpus(tmp_path: P
     rig.agent.heartbeat_once()
     assert rig.health.calls[-1][:2] == ("10.1.2.3", 18005)
     assert rig.scraped == [("10.1.2.3", 18005)]
+
+
+def on_cores(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    """Make this a host of CORES cores, seen through its affinity mask or the machine's count."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+
+
+def threads_of(rig: Rig, instance_id: int) -> int | None:
+    """The CPU threads an instance's generated engine config gives it."""
+    config = yaml.safe_load(rig.agent.supervisor.config_path(instance_id).read_text())
+    threads: int | None = config["resources"].get("threads")
+    return threads
+
+
+def test_two_engines_on_a_2_core_host_get_one_thread_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_cores(monkeypatch, 2)
+    rig = Rig(tmp_path)
+    first = desired(checkpoint(tmp_path / "v1", 1))
+    rig.cp.instances = [first, first.model_copy(update={"instance_id": 6, "port": 18006})]
+    rig.settle()
+    assert len(rig.launcher.launched) == 2
+    assert (threads_of(rig, 5), threads_of(rig, 6)) == (1, 1)
+    # The launch message (and log line) says what the agent chose.
+    message = rig.observed()[5].message  # type: ignore[attr-defined]
+    assert message.endswith(", 1 CPU thread (agent default: the host's cores / its instances)")
+
+
+def test_threads_set_by_the_engine_config_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_cores(monkeypatch, 2)
+    rig = Rig(tmp_path)
+    first = desired(checkpoint(tmp_path / "v1", 1))
+    pinned = first.model_copy(
+        update={"instance_id": 6, "port": 18006, "engine_config": {"resources": {"threads": 3}}}
+    )
+    rig.cp.instances = [first, pinned]
+    rig.settle()
+    assert (threads_of(rig, 5), threads_of(rig, 6)) == (1, 3)
+    message = rig.observed()[6].message  # type: ignore[attr-defined]
+    assert message.endswith(", 3 CPU threads (engine config)")
+
+
+def test_on_a_gpu_host_too_and_a_new_instance_does_not_replace_a_serving_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    on_cores(monkeypatch, 4)
+    rig = Rig(tmp_path, selection=BackendSelection("nvml", RecordingBackend()))
+    first = desired(checkpoint(tmp_path / "v1", 1))
+    rig.cp.instances = [first]
+    rig.settle()
+    assert threads_of(rig, 5) == 4
+    rig.health.ready = True
+    rig.clock.advance(5)
+    rig.agent.supervisor.tick()
+    # A second instance (a scale-up, a surge canary) splits the cores from its own start on;
+    # the engine already serving keeps its threads until it next starts.
+    rig.cp.instances = [first, first.model_copy(update={"instance_id": 6, "port": 18006})]
+    rig.cp.generation = 2
+    rig.settle()
+    assert len(rig.launcher.launched) == 2
+    assert rig.launcher.launched[0][2].signals == []
+    assert (threads_of(rig, 5), threads_of(rig, 6)) == (4, 2)
 
 
 class RecordingBackend:
