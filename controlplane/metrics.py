@@ -1,4 +1,5 @@
-"""Control-plane Prometheus metrics: requests by route/status, heartbeat lag, hosts by state."""
+"""Control-plane Prometheus metrics: requests by route/status, heartbeat lag, hosts by state,
+and each deployment's rollout (`controlplane.rollout_metrics`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from sqlmodel import Session, col, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controlplane.models import Host
+from controlplane.rollout_metrics import RolloutCollector
 from protocol.wire import HostState
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -95,6 +97,7 @@ class ControlPlaneMetrics:
             registry=self.registry,
         )
         self.registry.register(FleetCollector(engine, clock))
+        self.registry.register(RolloutCollector(engine))
 
     def observe_heartbeat(self, since_previous_s: float | None) -> None:
         """Count a heartbeat and how long after the previous one it came."""

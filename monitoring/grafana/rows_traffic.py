@@ -81,9 +81,41 @@ GATEWAY = Row(
     ),
 )
 
+# The control plane's view of each deployment's rollout (`dctl_rollout_*`). Several replicas
+# report the same store: `max by` keeps one series each, and during a change between their
+# scrapes the info side may hold two, so it is the "many" side of the join.
+ROLLOUT_STATE = (
+    f"max by (deployment, from, to, state, phase) (dctl_rollout_info{{{DEPLOYMENT}}})\n"
+    f"* on (deployment) group_left ()\nmax by (deployment) (dctl_rollout_step{{{DEPLOYMENT}}})"
+)
+
 ROLLOUTS = Row(
     "Rollouts",
     (
+        Panel(
+            "Rollout now: step index and state",
+            (Target(ROLLOUT_STATE, "{{deployment}} {{from}} -> {{to}}: {{state}} ({{phase}})"),),
+            "Each deployment's current rollout, else its latest. The value is the index of the "
+            "plan's step it is at, from 0 (`dctl rollout status` counts from 1). Alert: paused "
+            "for over an hour.",
+            kind="stat",
+            width=12,
+            height=6,
+        ),
+        Panel(
+            "Canary weight",
+            (
+                Target(
+                    f"max by (deployment) (dctl_rollout_weight{{{DEPLOYMENT}}})",
+                    "{{deployment}}",
+                ),
+            ),
+            "The percent of requests the rollout gives its canary now; below, the share the "
+            "gateway actually sent each version.",
+            unit="percent",
+            width=12,
+            height=6,
+        ),
         Panel(
             "Traffic share by version",
             (

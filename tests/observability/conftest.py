@@ -2,8 +2,9 @@
 
 The stack is one fleet for the whole session: `dctl server` (SQLite), `dctl agent` with two fake
 GPUs running one engine of deployment `demo` (tiny demo checkpoint), and `dctl gateway` in
-front. Prometheus runs with `monitoring/prometheus/prometheus.yml` and `alerts.yml` as shipped, a
-1 s scrape interval and a `file_sd` targets file this fixture writes itself with the labels
+front; once traffic has been scraped, a rollout of `demo` is started and paused at once.
+Prometheus runs with `monitoring/prometheus/prometheus.yml` and `alerts.yml` as shipped, a 1 s
+scrape interval and a `file_sd` targets file this fixture writes itself with the labels
 `dctl metrics targets` attaches (role, host, deployment, version, instance_id).
 
 `promtool` / `prometheus` come from `.ci/run` (apt-get); without them these tests skip.
@@ -26,7 +27,9 @@ import httpx
 import pytest
 import yaml
 
+from client import ControlPlaneClient
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
+from protocol.rollouts import RolloutAction, RolloutCreate
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, free_port, stop_stack, wait_for
 from tests.gateway_e2e.conftest import Gateway
 
@@ -240,6 +243,12 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack
             ),
             30,
         )
+        hold_a_paused_rollout(api)
+        wait_for(
+            "the paused rollout to be scraped",
+            lambda: prom.query('dctl_rollout_info{state="paused"}'),
+            30,
+        )
         time.sleep(2.5)
         yield ObservedStack(stack, gateway, prom, targets)
     finally:
@@ -248,6 +257,16 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack
         if gateway is not None:
             gateway.stop()
         stop_stack(stack)
+
+
+def hold_a_paused_rollout(api: ControlPlaneClient) -> None:
+    """A rollout of `demo` paused as soon as it starts, so the rollout gauges have series (and
+    the alert on a long pause something to select): a new engine config on a surge instance
+    (the second GPU), so the instance serving the traffic is never touched, and paused before
+    its canary takes any."""
+    config = {"model": {"dtype": "fp32", "max_seq_len": 256}}
+    api.start_rollout("demo", RolloutCreate(engine_config=config, surge=1, reason="observed"))
+    api.rollout_action("demo", "pause", RolloutAction(reason="held for the dashboard's queries"))
 
 
 def all_up(prometheus: Prometheus, count: int) -> bool:
