@@ -42,7 +42,7 @@ from client.http import ControlPlaneClient  # noqa: E402
 from engine.demo_checkpoint import create_demo_checkpoint  # noqa: E402
 from protocol.rest import TokenCreate  # noqa: E402
 from protocol.rollout_policy import RolloutPolicy  # noqa: E402
-from protocol.rollouts import RolloutAction, RolloutCreate  # noqa: E402
+from protocol.rollouts import RolloutAction, RolloutCreate, RolloutState  # noqa: E402
 
 GATEWAY_POLL_S = 1.0  # the gateway's default routes_poll_s
 CHAOS = {
@@ -138,7 +138,10 @@ def abort_to_weight_zero(api: ControlPlaneClient, gateway_api: ControlPlaneClien
     created = api.start_rollout(
         "demo", RolloutCreate(to="v3", engine_config=CHAOS, canary=50, policy=policy)
     )
-    wait("the rollout to abort", lambda: api.rollout_by_id("demo", created.id).state == "aborted")
+    wait(
+        "the rollout to abort",
+        lambda: api.rollout_by_id("demo", created.id).state == RolloutState.ABORTED,
+    )
     wait("the watcher to see weight 0", lambda: "zero" in seen, 10)
     stop.set()
     watcher.join()

@@ -11,13 +11,12 @@ from typing import TYPE_CHECKING, Any
 from cli.exits import FAILURE, OK
 from cli.output import Column, print_fields, print_table
 from protocol.metric_units import metric_unit
+from protocol.rollouts import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutState
 from runtime.durations import format_duration
 
 if TYPE_CHECKING:
     from protocol.rollouts import Analysis, RolloutOut
 
-# Every other state is final: promoted, aborted, rolled_back, and completed for restarts.
-ACTIVE_STATES = frozenset({"progressing", "paused"})
 REASON_WIDTH = 60
 
 
@@ -33,11 +32,13 @@ def exit_code(rollout: RolloutOut, rollback: bool = False) -> int:
     succeeds by ending at all, unless it was aborted (an instance never came back). For
     `dctl rollback` during a rollout, that rollout ending rolled back is the success.
     """
-    if rollout.state == "promoted" or (rollback and rollout.state == "rolled_back"):
+    if rollout.state == RolloutState.PROMOTED or (
+        rollback and rollout.state == RolloutState.ROLLED_BACK
+    ):
         return OK
-    if rollout.kind == "rollout":
+    if rollout.kind in CANARY_KINDS:
         return FAILURE
-    return FAILURE if rollout.state == "aborted" else OK
+    return FAILURE if rollout.state == RolloutState.ABORTED else OK
 
 
 def plan(steps: Sequence[int]) -> str:
@@ -172,7 +173,7 @@ def status_text(rollout: RolloutOut) -> str:
 def started_text(rollout: RolloutOut) -> str:
     """What starting a rollout, rollback or restart prints: what, the plan, how to follow."""
     lines = [f"{rollout.kind} {rollout.id} of {rollout.deployment} started: {_versions(rollout)}"]
-    if rollout.kind == "rollout":
+    if rollout.kind == RolloutKind.ROLLOUT:
         interval = rollout.policy.interval_s
         held = f"{format_duration(interval)} per step" if interval else "the deployment's interval"
         lines.append(f"plan: {plan(rollout.steps)}, {held}")

@@ -43,8 +43,8 @@ def merged_engine_config(current: dict[str, Any], keys: dict[str, Any]) -> dict[
 def check_deployment(name: str) -> DeploymentOut:
     """The deployment, checked before a sweep of minutes: a wrong name, bad credentials or an
     active rollout (which would refuse ours) fail now rather than after it."""
-    from cli.rollout_view import ACTIVE_STATES
     from client.errors import ClientError
+    from protocol.rollouts import ACTIVE_STATES
 
     with connect() as api:
         deployment = api.get_deployment(name)

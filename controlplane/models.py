@@ -8,11 +8,16 @@ PostgreSQL behave the same. JSON columns hold documents that are only ever read 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
+from pydantic import BaseModel
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
+
+from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
+from protocol.rollouts import RolloutKind, RolloutPhase, RolloutState
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):
@@ -32,6 +37,64 @@ class UTCDateTime(sa.types.TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         """Attach UTC to what the database returns."""
         return None if value is None else value.replace(tzinfo=UTC)
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class EnumText(sa.types.TypeDecorator[E]):
+    """A `StrEnum` stored as its value in a plain VARCHAR (no database enum type, so adding a
+    member needs no migration) and read back as the member."""
+
+    impl = sa.String
+    cache_ok = True
+
+    def __init__(self, enum: type[E], length: int) -> None:
+        super().__init__(length)
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        """Write the value (a misspelt one fails here, not in a reader)."""
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        """Read the member."""
+        return None if value is None else self.enum(value)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ModelJSON(sa.types.TypeDecorator[M]):
+    """A pydantic model stored as a JSON document and read back as the model, so a row's
+    structured field is typed (and checked) on the way in and out."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def __init__(self, model: type[M]) -> None:
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value: M | None, dialect: Dialect) -> Any:
+        """The document: fields left at None are left out."""
+        if value is None:
+            return None
+        return self.model.model_validate(value).model_dump(mode="json", exclude_none=True)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> M | None:
+        """The model (an empty document: its defaults)."""
+        return None if value is None else self.model.model_validate(value)
+
+
+def model_column(model: type[BaseModel]) -> Any:
+    """A `ModelJSON` column (a fresh Column object per field)."""
+    return sa.Column(ModelJSON(model), nullable=False)
+
+
+def enum_column(enum: type[StrEnum], length: int = 16, index: bool = False) -> Any:
+    """An `EnumText` column (a fresh Column object per field)."""
+    return sa.Column(EnumText(enum, length), nullable=False, index=index)
 
 
 def utc_column(nullable: bool = True, index: bool = False) -> Any:
@@ -199,28 +262,36 @@ class Rollout(SQLModel, table=True):
       of its instances, getting `canary_weight` percent of the gateway's requests, through the
       plan in `steps`, analysed at each step (`controlplane.rollouts`), then promoted;
     - `rollback`: the same mechanics without analysis, to a version the hosts still hold;
-    - `restart`: the deployment's engines replaced one at a time (`spec` holds the queue).
+    - `restart`: the deployment's engines replaced one at a time (`progress` holds the queue);
+    - `manual`: a canary held where the operator sets it (`dctl deploy canary`), no timed plan.
 
-    At most one is active (`ACTIVE_ROLLOUT_STATES`) per deployment; a manual canary
-    (`controlplane.services.canary`) is a `rollout` without a timed plan.
+    At most one is active (`protocol.rollouts.ACTIVE_STATES`) per deployment.
     """
 
     id: int | None = Field(default=None, primary_key=True)
     deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE"))
     from_version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
     to_version_id: int = Field(sa_column=fk("modelversion.id", "RESTRICT"))
-    state: str = Field(default="progressing", max_length=16, index=True)
+    state: RolloutState = Field(
+        default=RolloutState.PROGRESSING, sa_column=enum_column(RolloutState, index=True)
+    )
     step_index: int = 0
     canary_weight: int = 0
     canary_instances: int = 0
     steps: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     analysis: list[dict[str, Any]] = Field(default_factory=list, sa_column=json_column(False))
     message: str = Field(default="", max_length=1000)
-    kind: str = Field(default="rollout", max_length=16)
-    # Settings fixed at creation (resolved policy, surge, restart queue) and progress.
-    spec: dict[str, Any] = Field(default_factory=dict, sa_column=json_column(False))
+    kind: RolloutKind = Field(default=RolloutKind.ROLLOUT, sa_column=enum_column(RolloutKind))
+    # Fixed at creation (resolved policy, surge), and how far it has come (restart queue,
+    # interval starts, notified state, a pending promote).
+    settings: RolloutSettings = Field(
+        default_factory=RolloutSettings, sa_column=model_column(RolloutSettings)
+    )
+    progress: RolloutProgress = Field(
+        default_factory=RolloutProgress, sa_column=model_column(RolloutProgress)
+    )
     engine_config: dict[str, Any] | None = Field(default=None, sa_column=json_column())
-    phase: str = Field(default="waiting", max_length=16)
+    phase: RolloutPhase = Field(default=RolloutPhase.WAITING, sa_column=enum_column(RolloutPhase))
     # When the current step's clock started (its canary became ready); None: not yet.
     step_started_at: datetime | None = Field(default=None, sa_column=utc_column())
     # Time left in the step when it was paused.
@@ -231,11 +302,6 @@ class Rollout(SQLModel, table=True):
     ticked_at: datetime | None = Field(default=None, sa_column=utc_column())
     created_at: datetime = Field(sa_column=utc_column(False))
     updated_at: datetime = Field(sa_column=utc_column(False))
-
-
-ROLLOUT_STATES = ("progressing", "paused", "promoted", "aborted", "rolled_back", "completed")
-# States in which a rollout's canary runs and takes traffic.
-ACTIVE_ROLLOUT_STATES = ("progressing", "paused")
 
 
 class Lease(SQLModel, table=True):

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from client import AsyncControlPlaneClient, ClientError, calls
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, EventOut, FleetStatus, HostOut, ModelOut, SeriesOut
-from protocol.rollouts import RolloutOut
+from protocol.rollouts import ACTIVE_STATES, RolloutOut
 
-ACTIVE_ROLLOUT_STATES = ("progressing", "paused")
 SAMPLE_MINUTES = 10
 
 
@@ -109,7 +108,7 @@ async def overview(client: AsyncControlPlaneClient, events: int = 8) -> Overview
         client.send(calls.list_events(limit=events)),
     )
     latest = await asyncio.gather(*(active_rollout(client, d.name) for d in deployments))
-    active = [r for r in latest if r is not None and r.state in ACTIVE_ROLLOUT_STATES]
+    active = [r for r in latest if r is not None and r.state in ACTIVE_STATES]
     return OverviewData(status, hosts, deployments, active, list(reversed(page.items)))
 
 

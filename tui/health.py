@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.rest import DeploymentOut, HostOut
+from protocol.rollouts import RolloutState
 
 Level = Literal["ok", "warn", "bad", "idle"]
 # The Rich style of each level; "idle" is for what is neither good nor bad (stopped, unknown).
@@ -31,12 +32,12 @@ _INSTANCE_STATES: dict[str, Level] = {
     "stopped": "idle",
 }
 _ROLLOUT_STATES: dict[str, Level] = {
-    "progressing": "warn",
-    "paused": "warn",
-    "promoted": "ok",
-    "completed": "ok",
-    "aborted": "bad",
-    "rolled_back": "bad",
+    RolloutState.PROGRESSING: "warn",
+    RolloutState.PAUSED: "warn",
+    RolloutState.PROMOTED: "ok",
+    RolloutState.COMPLETED: "ok",
+    RolloutState.ABORTED: "bad",
+    RolloutState.ROLLED_BACK: "bad",
 }
 _VERDICTS: dict[str, Level] = {"pass": "ok", "fail": "bad", "inconclusive": "warn"}
 _CHECKS: dict[str, Level] = {"pass": "ok", "warn": "warn", "fail": "bad"}

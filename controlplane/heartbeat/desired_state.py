@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlmodel import col
 
-from controlplane.models import ACTIVE_ROLLOUT_STATES, Deployment, Instance, Model, Rollout
+from controlplane.models import Deployment, Instance, Model, Rollout
 from controlplane.models import ModelVersion as VersionRow
+from protocol.rollouts import ACTIVE_STATES, RolloutKind, RolloutPhase
 from protocol.sources import local_source_dir
 from protocol.wire import DesiredInstance, Manifest, MemoryPlan, ModelVersionRef
 
@@ -114,8 +115,8 @@ def prefetch(conn: Connection, host_id: int) -> list[ModelVersionRef]:
         .join(Model, col(Model.id) == col(VersionRow.model_id))
         .where(
             col(Rollout.deployment_id).in_(deployments),
-            col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
-            col(Rollout.phase) == "staging",
+            col(Rollout.state).in_(ACTIVE_STATES),
+            col(Rollout.phase) == RolloutPhase.STAGING,
         )
     ).all()
     return [_model_ref(r) for r in rows]
@@ -132,8 +133,8 @@ def _canary_configs(
         select(col(Rollout.deployment_id), col(Rollout.to_version_id), col(Rollout.engine_config))
         .where(
             col(Rollout.deployment_id).in_(deployment_ids),
-            col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
-            col(Rollout.kind) != "restart",
+            col(Rollout.state).in_(ACTIVE_STATES),
+            col(Rollout.kind) != RolloutKind.RESTART,
         )
         .order_by(col(Rollout.id))
     ).all()
@@ -156,7 +157,7 @@ def keep_version_ids(conn: Connection, host_id: int) -> set[int]:
         conn.execute(
             select(col(Rollout.to_version_id)).where(
                 col(Rollout.deployment_id).in_(deployments),
-                col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES),
+                col(Rollout.state).in_(ACTIVE_STATES),
             )
         ).scalars()
     )

@@ -31,20 +31,22 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import (
-    ACTIVE_ROLLOUT_STATES,
-    Deployment,
-    Instance,
-    ModelVersion,
-    Rollout,
-)
+from controlplane.models import Deployment, Instance, ModelVersion, Rollout
 from controlplane.rollouts import transitions as tr
 from controlplane.rollouts.analysis import Interval, analyse, failing_reason
 from controlplane.rollouts.notify import Notice, Notifier
 from controlplane.rollouts.ports import bump_generation, deployment_traffic, replan_deployment
+from controlplane.rollouts.progress import Promotion
 from protocol.gateway import VersionTraffic
 from protocol.rollout_policy import notify_origin
-from protocol.rollouts import Analysis
+from protocol.rollouts import (
+    ACTIVE_STATES,
+    Analysis,
+    RestartStage,
+    RolloutKind,
+    RolloutPhase,
+    RolloutState,
+)
 from protocol.wire import InstanceState
 
 log = logging.getLogger("controlplane.rollouts")
@@ -78,7 +80,8 @@ class RolloutController:
         with Session(self._engine) as session:
             ids = session.exec(
                 select(Rollout.id).where(
-                    col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES) | (col(Rollout.phase) == "ending")
+                    col(Rollout.state).in_(ACTIVE_STATES)
+                    | (col(Rollout.phase) == RolloutPhase.ENDING)
                 )
             ).all()
         for rollout_id in ids:
@@ -101,13 +104,13 @@ class RolloutController:
         before = (rollout.state, rollout.step_index, len(rollout.analysis))
         if rollout.ticked_at is not None and rollout.step_started_at is not None:
             gap = now - rollout.ticked_at
-            if gap > self.leaderless_gap and rollout.state == "progressing":
+            if gap > self.leaderless_gap and rollout.state == RolloutState.PROGRESSING:
                 rollout.step_started_at += gap
         rollout.ticked_at = now
-        if rollout.phase == "ending":
-            rollout.phase = "done"
-        elif rollout.state == "progressing" and rollout.spec.get("managed"):
-            if rollout.kind == "restart":
+        if rollout.phase == RolloutPhase.ENDING:
+            rollout.phase = RolloutPhase.DONE
+        elif rollout.state == RolloutState.PROGRESSING and rollout.kind != RolloutKind.MANUAL:
+            if rollout.kind == RolloutKind.RESTART:
                 self._restart(session, now, rollout, deployment)
             else:
                 self._rollout(session, now, rollout, deployment)
@@ -117,23 +120,23 @@ class RolloutController:
     def _rollout(
         self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
     ) -> None:
-        promote = rollout.spec.get("promote")
+        promote = rollout.progress.pending
         if promote is not None:
-            rollout.spec = {k: v for k, v in rollout.spec.items() if k != "promote"}
-            if promote == "full" or rollout.phase != "promoting":
-                self._next_step(session, now, rollout, deployment, full=promote == "full")
+            rollout.progress = rollout.progress.model_copy(update={"pending": None})
+            if promote == Promotion.FULL or rollout.phase != RolloutPhase.PROMOTING:
+                self._next_step(session, now, rollout, deployment, full=promote == Promotion.FULL)
         # A phase that ends hands over to the next within the same round.
         for _ in range(4):
             phase = rollout.phase
-            if phase == "staging":
+            if phase == RolloutPhase.STAGING:
                 self._stage(session, now, rollout, deployment)
-            elif phase == "waiting":
+            elif phase == RolloutPhase.WAITING:
                 self._wait_for_canary(session, now, rollout, deployment)
-            elif phase == "analysing":
+            elif phase == RolloutPhase.ANALYSING:
                 self._maybe_analyse(session, now, rollout, deployment)
-            elif phase == "promoting":
+            elif phase == RolloutPhase.PROMOTING:
                 self._promote(session, now, rollout, deployment)
-            if rollout.phase == phase or rollout.state != "progressing":
+            if rollout.phase == phase or rollout.state != RolloutState.PROGRESSING:
                 break
 
     def _stage(
@@ -167,7 +170,7 @@ class RolloutController:
             rollout.message = f"pre-staging {label}: waiting for {', '.join(pending)}"
             return
         first = self._weights(rollout)[rollout.step_index]
-        rollout.phase = "promoting" if first >= 100 else "waiting"
+        rollout.phase = RolloutPhase.PROMOTING if first >= 100 else RolloutPhase.WAITING
         rollout.message = f"{label} is on every host of the deployment, verified"
         record_event(
             session,
@@ -196,7 +199,7 @@ class RolloutController:
                 ACTOR,
                 rollout,
                 deployment,
-                "aborted",
+                RolloutState.ABORTED,
                 f"deployment has {total} instance(s): no room for a canary beside stable",
             )
             return
@@ -205,14 +208,15 @@ class RolloutController:
         if tr.ready_count(session, deployment.id, rollout.to_version_id) < need:
             return
         tr.set_canary(session, now, ACTOR, rollout, deployment, weight=weight)
-        rollout.phase = "analysing"
+        rollout.phase = RolloutPhase.ANALYSING
         rollout.step_started_at = now
-        rollout.spec = {
-            **rollout.spec,
-            "restarts_at": tr.canary_restarts(session, rollout),
-            "interval_since": now.isoformat(),
-            "step_since": now.isoformat(),
-        }
+        rollout.progress = rollout.progress.model_copy(
+            update={
+                "restarts_at": tr.canary_restarts(session, rollout),
+                "interval_since": now,
+                "step_since": now,
+            }
+        )
         record_event(
             session,
             now,
@@ -233,10 +237,8 @@ class RolloutController:
         assert rollout.step_started_at is not None
         if now < rollout.step_started_at + tr.interval_of(rollout):
             return
-        saved = rollout.spec.get("interval_since")
-        since = datetime.fromisoformat(saved) if saved else rollout.step_started_at
-        step_saved = rollout.spec.get("step_since")
-        step_since = datetime.fromisoformat(step_saved) if step_saved else since
+        since = rollout.progress.interval_since or rollout.step_started_at
+        step_since = rollout.progress.step_since or since
         policy = tr.policy_of(rollout)
         stable_label = tr.label(session, deployment.stable_version_id)
         canary_label = tr.label(session, rollout.to_version_id)
@@ -258,7 +260,7 @@ class RolloutController:
                     weight=rollout.canary_weight,
                     stable=by_version.get(stable_label),
                     canary=by_version.get(canary_label),
-                    canary_restarts=max(restarts_now - int(rollout.spec.get("restarts_at", 0)), 0),
+                    canary_restarts=max(restarts_now - rollout.progress.restarts_at, 0),
                 ),
                 policy,
             )
@@ -269,7 +271,7 @@ class RolloutController:
             # judge everything since the step's weight took effect instead.
             result = judge(step_since)
         rollout.analysis = [*rollout.analysis, result.model_dump(mode="json")]
-        rollout.spec = {**rollout.spec, "interval_since": now.isoformat()}
+        rollout.progress = rollout.progress.model_copy(update={"interval_since": now})
         rollout.step_started_at = now  # the next analysis is an interval from now
         if result.verdict == "fail":
             rollout.failures += 1
@@ -294,7 +296,7 @@ class RolloutController:
                     ACTOR,
                     rollout,
                     deployment,
-                    "aborted",
+                    RolloutState.ABORTED,
                     f"step {result.step}: {reason}",
                 )
             return
@@ -321,7 +323,7 @@ class RolloutController:
         k = len(weights) - 1 if full else min(rollout.step_index + 1, len(weights) - 1)
         rollout.step_index = k
         rollout.step_started_at = None
-        rollout.phase = "promoting" if weights[k] >= 100 else "waiting"
+        rollout.phase = RolloutPhase.PROMOTING if weights[k] >= 100 else RolloutPhase.WAITING
         rollout.message = f"step {k + 1}/{len(weights)}: {weights[k]}%"
 
     def _promote(
@@ -335,7 +337,7 @@ class RolloutController:
             tr.set_canary(session, now, ACTOR, rollout, deployment, weight=100)
         if rollout.canary_instances < total:
             if ready >= rollout.canary_instances:
-                step = total if rollout.spec.get("all_at_once") else rollout.canary_instances + 1
+                step = total if rollout.settings.all_at_once else rollout.canary_instances + 1
                 tr.set_canary(session, now, ACTOR, rollout, deployment, instances=step)
             return
         if ready < total:
@@ -353,9 +355,13 @@ class RolloutController:
         deployment.rollback_engine_config = old_config
         deployment.updated_at = now
         session.add(deployment)
-        state = "promoted" if rollout.kind == "rollout" else "rolled_back"
+        state = (
+            RolloutState.PROMOTED
+            if rollout.kind == RolloutKind.ROLLOUT
+            else RolloutState.ROLLED_BACK
+        )
         rollout.state = state
-        rollout.phase = "done"
+        rollout.phase = RolloutPhase.DONE
         rollout.canary_instances = 0
         rollout.canary_weight = 0
         rollout.message = (
@@ -386,14 +392,13 @@ class RolloutController:
     def _restart(
         self, session: Session, now: datetime, rollout: Rollout, deployment: Deployment
     ) -> None:
-        spec = dict(rollout.spec)
-        current = spec.get("current")
+        progress = rollout.progress
+        current = progress.current
         if current is None:
-            queue = list(spec.get("queue", []))
-            if not queue:
-                rollout.state = "completed"
-                rollout.phase = "done"
-                rollout.message = f"{len(spec.get('done', []))} instance(s) restarted"
+            if not progress.queue:
+                rollout.state = RolloutState.COMPLETED
+                rollout.phase = RolloutPhase.DONE
+                rollout.message = f"{len(progress.done)} instance(s) restarted"
                 record_event(
                     session,
                     now,
@@ -404,21 +409,24 @@ class RolloutController:
                     rollout=rollout.id,
                 )
                 return
-            current = queue.pop(0)
-            spec.update(queue=queue, current=current, stage="stopping")
+            current, *queue = progress.queue
+            progress = progress.model_copy(
+                update={"queue": tuple(queue), "current": current, "stage": RestartStage.STOPPING}
+            )
             self._set_desired(session, current, "stopped")
         instance = session.get(Instance, current)
         if instance is None:  # deleted meanwhile (scaled down): nothing to restart
-            spec.update(current=None)
-        elif spec.get("stage") == "stopping" and instance.observed_state in STOPPED_STATES:
-            spec.update(stage="starting")
+            progress = progress.model_copy(update={"current": None, "stage": None})
+        elif progress.stage == RestartStage.STOPPING and instance.observed_state in STOPPED_STATES:
+            progress = progress.model_copy(update={"stage": RestartStage.STARTING})
             self._set_desired(session, current, "running")
         elif (
-            spec.get("stage") == "starting"
+            progress.stage == RestartStage.STARTING
             and instance.observed_state == InstanceState.READY.value
             and instance.desired_state == "running"
         ):
-            spec.update(current=None, done=[*spec.get("done", []), current])
+            done = (*progress.done, current)
+            progress = progress.model_copy(update={"current": None, "stage": None, "done": done})
             record_event(
                 session,
                 now,
@@ -426,11 +434,11 @@ class RolloutController:
                 "restart.instance",
                 tr.subject(deployment),
                 f"restart {rollout.id}: instance {current} of deployment {deployment.name} "
-                f"ready again ({len(spec['done'])}/{len(spec['done']) + len(spec['queue'])})",
+                f"ready again ({len(done)}/{len(done) + len(progress.queue)})",
                 rollout=rollout.id,
                 instance=current,
             )
-        rollout.spec = spec
+        rollout.progress = progress
         rollout.updated_at = now
 
     def _set_desired(self, session: Session, instance_id: int, state: str) -> None:
@@ -472,8 +480,8 @@ class RolloutController:
             for analysis in rollout.analysis[before[2] :]
             if analysis.get("verdict") == "fail"
         ]
-        if rollout.spec.get("notified_state") != rollout.state:
-            rollout.spec = {**rollout.spec, "notified_state": rollout.state}
+        if rollout.progress.notified_state != rollout.state:
+            rollout.progress = rollout.progress.model_copy(update={"notified_state": rollout.state})
             notices.append((url, {**body, "event": "state"}))
         return notices
 

@@ -16,19 +16,11 @@ from datetime import datetime, timedelta
 from sqlmodel import Session, col, func, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import (
-    ACTIVE_ROLLOUT_STATES,
-    Deployment,
-    Host,
-    Instance,
-    ModelVersion,
-    Rollout,
-)
+from controlplane.models import Deployment, Host, Instance, ModelVersion, Rollout
 from controlplane.rollouts.ports import bump_generation, load_versions, replan_deployment
 from protocol.rollout_policy import RolloutPolicy
+from protocol.rollouts import ACTIVE_STATES, RolloutPhase, RolloutState
 from protocol.wire import InstanceState
-
-FINAL_STATES = ("promoted", "aborted", "rolled_back", "completed")
 
 
 def canary_size(weight: int, total: int, surge: int = 0) -> int:
@@ -41,7 +33,7 @@ def canary_size(weight: int, total: int, surge: int = 0) -> int:
 
 def surge_of(rollout: Rollout) -> int:
     """Extra canary instances the rollout may run beside the deployment's own."""
-    return int(rollout.spec.get("surge", 0) or 0)
+    return rollout.settings.surge
 
 
 def own_total(session: Session, deployment: Deployment) -> int:
@@ -58,7 +50,7 @@ def own_total(session: Session, deployment: Deployment) -> int:
 
 def policy_of(rollout: Rollout) -> RolloutPolicy:
     """The resolved policy a rollout was created with."""
-    return RolloutPolicy.model_validate(rollout.spec.get("policy", {}))
+    return rollout.settings.policy
 
 
 def interval_of(rollout: Rollout) -> timedelta:
@@ -142,14 +134,14 @@ def end(
     actor: str,
     rollout: Rollout,
     deployment: Deployment,
-    state: str,
+    state: RolloutState,
     reason: str,
 ) -> None:
     """Abort (or roll back) an active rollout: canary weight 0 at once, its instances back on
     the stable version (kept on the hosts: nothing to download)."""
     rollout.state = state
     rollout.message = reason[:1000]
-    rollout.phase = "ending"
+    rollout.phase = RolloutPhase.ENDING
     set_canary(session, now, actor, rollout, deployment, instances=0, weight=0)
     record_event(
         session,
@@ -169,7 +161,7 @@ def pause(session: Session, now: datetime, actor: str, rollout: Rollout, reason:
     if rollout.step_started_at is not None:
         left = interval_of(rollout) - (now - rollout.step_started_at)
         rollout.paused_left_s = max(left.total_seconds(), 0.0)
-    rollout.state = "paused"
+    rollout.state = RolloutState.PAUSED
     rollout.message = reason or "paused by hand"
     rollout.updated_at = now
     session.add(rollout)
@@ -182,7 +174,7 @@ def resume(session: Session, now: datetime, rollout: Rollout) -> None:
             interval_of(rollout) - timedelta(seconds=rollout.paused_left_s)
         )
     rollout.paused_left_s = None
-    rollout.state = "progressing"
+    rollout.state = RolloutState.PROGRESSING
     rollout.message = "resumed"
     rollout.ticked_at = now
     rollout.updated_at = now
@@ -191,16 +183,14 @@ def resume(session: Session, now: datetime, rollout: Rollout) -> None:
 
 def is_active(rollout: Rollout) -> bool:
     """Progressing or paused."""
-    return rollout.state in ACTIVE_ROLLOUT_STATES
+    return rollout.state in ACTIVE_STATES
 
 
 def active_of(session: Session, deployment_id: int) -> Rollout | None:
     """The deployment's active rollout, rollback or restart, if any."""
     return session.exec(
         select(Rollout)
-        .where(
-            Rollout.deployment_id == deployment_id, col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES)
-        )
+        .where(Rollout.deployment_id == deployment_id, col(Rollout.state).in_(ACTIVE_STATES))
         .order_by(col(Rollout.id).desc())
     ).first()
 

@@ -1,6 +1,6 @@
 """Canaries: another version of a deployment's model on some of its instances, at a weight.
 
-A canary is an active `Rollout` row (`ACTIVE_ROLLOUT_STATES`): `to_version_id` runs on
+A canary is an active `Rollout` row (`protocol.rollouts.ACTIVE_STATES`): `to_version_id` runs on
 `canary_instances` of the deployment's instances (the planner picks which, see
 `controlplane.planner`) and gateways send it `canary_weight` percent of the requests. An operator
 sets one by hand today (`PUT /api/v1/deployments/{name}/canary`); the rollout controller will
@@ -26,6 +26,7 @@ from controlplane.services.placement import (
     replan_deployment,
 )
 from protocol.gateway import CanarySet
+from protocol.rollouts import RolloutKind, RolloutState
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ def set_canary(session: Session, now: datetime, actor: str, name: str, spec: Can
             deployment_id=deployment.id,
             from_version_id=deployment.stable_version_id,
             to_version_id=version.id,
-            state="progressing",
+            kind=RolloutKind.MANUAL,
+            state=RolloutState.PROGRESSING,
             step_index=0,
             canary_weight=spec.weight,
             canary_instances=spec.instances,
@@ -133,7 +135,7 @@ def clear_canary(session: Session, now: datetime, actor: str, name: str) -> Cana
     if rollout is None:
         raise NotFound(f"active canary of deployment {name!r}")
     label = _label(session, rollout.to_version_id)
-    rollout.state = "rolled_back"
+    rollout.state = RolloutState.ROLLED_BACK
     rollout.canary_weight = 0
     rollout.canary_instances = 0
     rollout.message = "ended by hand"

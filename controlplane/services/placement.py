@@ -17,7 +17,6 @@ from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
 from controlplane.models import (
-    ACTIVE_ROLLOUT_STATES,
     Deployment,
     Gpu,
     Host,
@@ -44,6 +43,7 @@ from controlplane.planner import (
     plan_fleet,
 )
 from controlplane.services.errors import Conflict, Invalid
+from protocol.rollouts import ACTIVE_STATES, RolloutKind
 from protocol.wire import MemoryPlan
 
 # Engine API keys carry a prefix so a leaked one is recognisable (and greppable) as dctl's.
@@ -268,7 +268,7 @@ def active_rollouts(
     deployment that has one (of DEPLOYMENT_IDS; None: all), by deployment id (one query).
     Should two ever be active, the newest counts."""
     query = select(Rollout).where(
-        col(Rollout.state).in_(ACTIVE_ROLLOUT_STATES), col(Rollout.kind) != "restart"
+        col(Rollout.state).in_(ACTIVE_STATES), col(Rollout.kind) != RolloutKind.RESTART
     )
     if deployment_ids is not None:
         query = query.where(col(Rollout.deployment_id).in_(set(deployment_ids)))
@@ -281,9 +281,7 @@ def load_rollouts(
 ) -> dict[int, RolloutView]:
     """What the planner needs of the active rollouts, by deployment id (one query)."""
     return {
-        dep_id: RolloutView(
-            row.to_version_id, row.canary_instances, int(row.spec.get("surge", 0) or 0)
-        )
+        dep_id: RolloutView(row.to_version_id, row.canary_instances, row.settings.surge)
         for dep_id, row in active_rollouts(session, deployment_ids).items()
     }
 

@@ -13,6 +13,7 @@ from sqlmodel import Session, col, select
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion, Rollout
 from controlplane.rollouts import transitions as tr
+from controlplane.rollouts.progress import Promotion, RolloutProgress, RolloutSettings
 from controlplane.rollouts.webhook import check_target
 from controlplane.services.canary import locked_deployment
 from controlplane.services.deployments import checked_engine_config, get_deployment
@@ -22,6 +23,7 @@ from controlplane.services.placement import load_versions, surge_problems
 from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
+    CANARY_KINDS,
     Analysis,
     HostStaging,
     InstanceProgress,
@@ -29,7 +31,10 @@ from protocol.rollouts import (
     RollbackCreate,
     RolloutAction,
     RolloutCreate,
+    RolloutKind,
     RolloutOut,
+    RolloutPhase,
+    RolloutState,
 )
 from protocol.wire import InstanceState
 
@@ -69,26 +74,28 @@ def _new_record(
     now: datetime,
     actor: str,
     deployment: Deployment,
-    kind: str,
+    kind: RolloutKind,
     to_id: int,
-    phase: str,
+    phase: RolloutPhase,
     weights: list[int],
-    spec: dict[str, Any],
+    settings: RolloutSettings,
     reason: str,
     engine_config: dict[str, Any] | None = None,
+    progress: RolloutProgress | None = None,
 ) -> Rollout:
     """A new rollout, rollback or restart of DEPLOYMENT for the controller to run (flushed, so
-    it has its id). SPEC is added to the defaults: the built-in policy, controller-managed."""
+    it has its id)."""
     assert deployment.id is not None
     rollout = Rollout(
         deployment_id=deployment.id,
         from_version_id=deployment.stable_version_id,
         to_version_id=to_id,
         kind=kind,
-        state="progressing",
+        state=RolloutState.PROGRESSING,
         phase=phase,
         steps=[{"weight": w} for w in weights],
-        spec={"managed": True, "policy": DEFAULT_POLICY.model_dump(exclude_none=True), **spec},
+        settings=settings,
+        progress=progress or RolloutProgress(),
         engine_config=engine_config,
         actor=actor,
         message=reason,
@@ -160,11 +167,11 @@ def start_rollout(
         now,
         actor,
         deployment,
-        "rollout",
+        RolloutKind.ROLLOUT,
         to_id,
-        "staging",
+        RolloutPhase.STAGING,
         weights,
-        {"policy": policy.model_dump(exclude_none=True), "surge": spec.surge},
+        RolloutSettings(policy=policy, surge=spec.surge),
         spec.reason or "started",
         config,
     )
@@ -234,23 +241,24 @@ def act(
         raise NotFound(f"active rollout of deployment {name!r}")
     why = body.reason or f"{action} by {actor}"
     if action == "abort":
-        tr.end(session, now, actor, rollout, deployment, "aborted", why)
+        tr.end(session, now, actor, rollout, deployment, RolloutState.ABORTED, why)
         return rollout
     if action == "pause":
-        if rollout.state == "paused":
+        if rollout.state == RolloutState.PAUSED:
             return rollout
         tr.pause(session, now, actor, rollout, why)
     elif action == "resume":
-        if rollout.state != "paused":
+        if rollout.state != RolloutState.PAUSED:
             raise Conflict(f"{rollout.kind} {rollout.id} of deployment {name} is not paused")
         tr.resume(session, now, rollout)
     elif action == "promote":
-        if rollout.kind != "rollout":
+        if rollout.kind != RolloutKind.ROLLOUT:
             raise Conflict(f"a {rollout.kind} has no steps to promote")
-        if rollout.state == "paused":
+        if rollout.state == RolloutState.PAUSED:
             tr.resume(session, now, rollout)
         # The controller carries it out at its next round: the next step, or all the way.
-        rollout.spec = {**rollout.spec, "promote": "full" if body.full else "step"}
+        pending = Promotion.FULL if body.full else Promotion.STEP
+        rollout.progress = rollout.progress.model_copy(update={"pending": pending})
         rollout.updated_at = now
         session.add(rollout)
     else:
@@ -277,8 +285,16 @@ def start_rollback(
     deployment = locked_deployment(session, name)
     assert deployment.id is not None
     active = tr.active_of(session, deployment.id)
-    if active is not None and active.kind == "rollout" and spec.to is None:
-        tr.end(session, now, actor, active, deployment, "rolled_back", spec.reason or "rolled back")
+    if active is not None and active.kind in CANARY_KINDS and spec.to is None:
+        tr.end(
+            session,
+            now,
+            actor,
+            active,
+            deployment,
+            RolloutState.ROLLED_BACK,
+            spec.reason or "rolled back",
+        )
         return active
     _refuse_if_busy(session, deployment)
     config = None
@@ -309,11 +325,11 @@ def start_rollback(
         now,
         actor,
         deployment,
-        "rollback",
+        RolloutKind.ROLLBACK,
         target,
-        "promoting",
+        RolloutPhase.PROMOTING,
         [100],
-        {"all_at_once": spec.all_at_once},
+        RolloutSettings(policy=DEFAULT_POLICY, all_at_once=spec.all_at_once),
         spec.reason or "rollback",
         config,
     )
@@ -360,12 +376,13 @@ def start_restart(
         now,
         actor,
         deployment,
-        "restart",
+        RolloutKind.RESTART,
         deployment.stable_version_id,
-        "restarting",
+        RolloutPhase.RESTARTING,
         [],
-        {"queue": queue, "done": []},
+        RolloutSettings(policy=DEFAULT_POLICY),
         spec.reason or "restart",
+        progress=RolloutProgress(queue=tuple(queue)),
     )
     record_event(
         session,
@@ -426,11 +443,11 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
     deployment = session.get(Deployment, rollout.deployment_id)
     assert deployment is not None and deployment.id is not None
     policy = tr.policy_of(rollout)
-    active = tr.is_active(rollout) and rollout.kind != "restart"
+    active = tr.is_active(rollout) and rollout.kind != RolloutKind.RESTART
     time_left = None
-    if rollout.state == "paused" and rollout.paused_left_s is not None:
+    if rollout.state == RolloutState.PAUSED and rollout.paused_left_s is not None:
         time_left = rollout.paused_left_s
-    elif rollout.phase == "analysing" and rollout.step_started_at is not None:
+    elif rollout.phase == RolloutPhase.ANALYSING and rollout.step_started_at is not None:
         spent = (now - rollout.step_started_at).total_seconds()
         time_left = max((policy.interval_s or 0.0) - spent, 0.0)
     rows = session.exec(
@@ -457,12 +474,14 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
     analyses = [Analysis.model_validate(a) for a in rollout.analysis]
     staging = []
     version = session.get(ModelVersion, rollout.to_version_id)
-    if rollout.phase == "staging" and version is not None:
+    if rollout.phase == RolloutPhase.STAGING and version is not None:
         for host in tr.staging_hosts(session, deployment):
             state, error = tr.staged(host, version.digest)
             staging.append(HostStaging(host=host.name, state=state, error=error))
     weights = [int(s.get("weight", 0)) for s in rollout.steps]
-    before_first = rollout.phase in ("staging", "waiting") and rollout.step_index == 0
+    before_first = (
+        rollout.phase in (RolloutPhase.STAGING, RolloutPhase.WAITING) and rollout.step_index == 0
+    )
     step = 0 if before_first else rollout.step_index + 1
     return RolloutOut(
         id=rollout.id or 0,

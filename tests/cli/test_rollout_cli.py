@@ -20,7 +20,7 @@ import pytest
 import cli.cmd_rollout as cmd_rollout
 from cli.exits import FAILURE, OK, USAGE
 from cli.rollout_view import exit_code, progress_lines, status_text
-from protocol.rollouts import RolloutOut
+from protocol.rollouts import RolloutOut, RolloutPhase, RolloutState
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS
 from tests.cli.conftest import Dctl, Result, Server
 from tests.clock import FakeClock
@@ -35,14 +35,14 @@ def record(**changes: Any) -> dict[str, Any]:
         "id": 7,
         "deployment": "demo",
         "kind": "rollout",
-        "state": "progressing",
+        "state": RolloutState.PROGRESSING,
         "step": 2,
         "steps": [10, 50, 100],
         "weight": 50,
         "from": "demo:v1",
         "to": "demo:v2",
         "engine_config_changed": True,
-        "phase": "analysing",
+        "phase": RolloutPhase.ANALYSING,
         "canary_instances": 1,
         "canary_ready": 1,
         "stable_ready": 2,
@@ -251,7 +251,9 @@ def test_explicit_start_and_a_bare_percent_work_too(run: Dctl, canned: CannedApi
     assert canned.bodies("POST", f"{BASE}/rollout")[0]["canary"] == 25
 
 
-@pytest.mark.parametrize(("final", "code"), [("promoted", OK), ("aborted", FAILURE)])
+@pytest.mark.parametrize(
+    ("final", "code"), [(RolloutState.PROMOTED, OK), (RolloutState.ABORTED, FAILURE)]
+)
 def test_wait_follows_it_to_the_end_and_exits_by_its_state(
     run: Dctl, canned: CannedApi, final: str, code: int
 ) -> None:
@@ -277,7 +279,7 @@ def test_watch_in_a_pipe_prints_a_block_per_change_only(run: Dctl, canned: Canne
         f"{BASE}/rollouts/7",
         (200, record(time_left_s=9.0)),
         (200, record(time_left_s=8.0)),
-        (200, record(state="promoted", step=3, weight=100, phase="done")),
+        (200, record(state=RolloutState.PROMOTED, step=3, weight=100, phase="done")),
     )
     result = run("rollout", "status", "demo", "--watch")
     assert result.code == OK, result.stderr
@@ -289,12 +291,14 @@ def test_watch_in_a_pipe_prints_a_block_per_change_only(run: Dctl, canned: Canne
 def test_status_json_is_the_record_with_from(run: Dctl, canned: CannedApi) -> None:
     canned.on("GET", f"{BASE}/rollout", (200, record()))
     doc = json.loads(run("rollout", "status", "demo", "--json").stdout)
-    assert doc["from"] == "demo:v1" and doc["state"] == "progressing" and doc["step"] == 2
+    assert (
+        doc["from"] == "demo:v1" and doc["state"] == RolloutState.PROGRESSING and doc["step"] == 2
+    )
     assert doc["analysis"]["verdict"] == "fail"
 
 
 def test_actions_send_their_body(run: Dctl, canned: CannedApi) -> None:
-    canned.on("POST", f"{BASE}/rollout/promote", (200, record(state="promoted", step=3)))
+    canned.on("POST", f"{BASE}/rollout/promote", (200, record(state=RolloutState.PROMOTED, step=3)))
     result = run("rollout", "promote", "demo", "--full", "--reason", "looks good")
     assert result.code == OK
     assert canned.bodies("POST", f"{BASE}/rollout/promote") == [
@@ -311,8 +315,8 @@ def test_history_is_newest_first_with_reasons_cut(run: Dctl, canned: CannedApi) 
         (
             200,
             [
-                record(id=9, kind="rollback", state="rolled_back", reason=long),
-                record(id=7, state="aborted"),
+                record(id=9, kind="rollback", state=RolloutState.ROLLED_BACK, reason=long),
+                record(id=7, state=RolloutState.ABORTED),
             ],
         ),
     )
@@ -334,7 +338,7 @@ def test_rollback_waits_printing_progress(run: Dctl, canned: CannedApi) -> None:
         step=1,
         weight=100,
         analysis=None,
-        phase="restarting",
+        phase=RolloutPhase.RESTARTING,
         instances=[
             instance(1, "host-a", "demo:v2", "stable"),
             instance(2, "host-b", "demo:v2", "stable"),
@@ -347,7 +351,7 @@ def test_rollback_waits_printing_progress(run: Dctl, canned: CannedApi) -> None:
         ]
     }
     done = half | {
-        "state": "rolled_back",
+        "state": RolloutState.ROLLED_BACK,
         "phase": "done",
         "instances": [
             instance(1, "host-a", "demo:v1", "stable"),
@@ -412,22 +416,24 @@ def test_status_text_shows_the_step_the_analysis_and_the_instances() -> None:
 
 
 def test_a_final_record_shows_no_countdown() -> None:
-    text = status_text(RolloutOut.model_validate(record(state="promoted", analysis=None)))
+    text = status_text(
+        RolloutOut.model_validate(record(state=RolloutState.PROMOTED, analysis=None))
+    )
     assert "time left" not in text and "analysis" not in text
 
 
 @pytest.mark.parametrize(
     ("kind", "state", "code"),
     [
-        ("rollout", "promoted", OK),
-        ("rollout", "aborted", FAILURE),
-        ("rollout", "rolled_back", FAILURE),
-        ("rollback", "rolled_back", OK),
-        ("rollback", "promoted", OK),
-        ("rollback", "aborted", FAILURE),
-        ("restart", "promoted", OK),
-        ("restart", "completed", OK),
-        ("restart", "aborted", FAILURE),
+        ("rollout", RolloutState.PROMOTED, OK),
+        ("rollout", RolloutState.ABORTED, FAILURE),
+        ("rollout", RolloutState.ROLLED_BACK, FAILURE),
+        ("rollback", RolloutState.ROLLED_BACK, OK),
+        ("rollback", RolloutState.PROMOTED, OK),
+        ("rollback", RolloutState.ABORTED, FAILURE),
+        ("restart", RolloutState.PROMOTED, OK),
+        ("restart", RolloutState.COMPLETED, OK),
+        ("restart", RolloutState.ABORTED, FAILURE),
     ],
 )
 def test_exit_code_of_a_final_state(kind: str, state: str, code: int) -> None:
@@ -445,7 +451,7 @@ def test_progress_lines_name_only_what_changed() -> None:
 
 def test_follow_polls_on_a_fixed_period_until_final() -> None:
     records = [RolloutOut.model_validate(record(step=s)) for s in (1, 2)]
-    final = RolloutOut.model_validate(record(state="promoted", step=3))
+    final = RolloutOut.model_validate(record(state=RolloutState.PROMOTED, step=3))
     answers, shown, slept = [*records[1:], final], [], []
     clock = FakeClock()
 
@@ -515,6 +521,6 @@ def test_configure_without_a_change_names_all_three_flags(offline: Dctl) -> None
 def test_a_rollback_that_ends_an_active_rollout_is_a_success() -> None:
     from cli.rollout_view import exit_code
 
-    ended = RolloutOut.model_validate(record(kind="rollout", state="rolled_back"))
+    ended = RolloutOut.model_validate(record(kind="rollout", state=RolloutState.ROLLED_BACK))
     assert exit_code(ended, rollback=True) == 0
     assert exit_code(ended) == 1  # but `rollout --wait` on it failed to promote

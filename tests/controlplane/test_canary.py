@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from protocol.gateway import CanaryOut, RouteTable
+from protocol.rollouts import RolloutState
 from tests.controlplane.conftest import Api, deploy, manifest, register_version
 from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, gpu_host, report, serving_fleet
 
@@ -35,7 +36,7 @@ def test_a_canary_runs_on_exactly_n_instances_and_delete_puts_them_back(api: Api
     assert started.status_code == 200, started.text
     assert CanaryOut.model_validate(started.json()) == CanaryOut(
         deployment="web", stable="demo:v1", canary="demo:v2", weight=20, instances=2,
-        state="progressing",
+        state=RolloutState.PROGRESSING,
     )  # fmt: skip
     assert versions(api) == {"v1": 2, "v2": 2}
     shown = api.as_admin("GET", f"{V}/deployments/web").json()
@@ -56,7 +57,7 @@ def test_a_canary_runs_on_exactly_n_instances_and_delete_puts_them_back(api: Api
     assert ended.status_code == 200, ended.text
     assert CanaryOut.model_validate(ended.json()) == CanaryOut(
         deployment="web", stable="demo:v1", canary="demo:v2", weight=0, instances=0,
-        state="rolled_back",
+        state=RolloutState.ROLLED_BACK,
     )  # fmt: skip
     assert versions(api) == {"v1": 4}
     shown = api.as_admin("GET", f"{V}/deployments/web").json()

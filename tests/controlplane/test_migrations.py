@@ -164,3 +164,81 @@ def test_upgrading_to_0006_keeps_hosts_labels_for_placement_and_as_reported(
     # An upgrade moves no instance: the labels placement read stay the operator's.
     # SQLite hands JSON back as text, PostgreSQL as the decoded value.
     assert [json.loads(v) if isinstance(v, str) else v for v in row] == [{"tier": "prod"}] * 2
+
+
+def test_upgrading_to_0007_moves_rollout_spec_into_typed_settings_and_progress(
+    empty_url: str,
+) -> None:
+    from sqlmodel import Session, col, select
+
+    from controlplane.models import Rollout
+    from controlplane.rollouts.progress import Promotion
+    from protocol.rollouts import RestartStage, RolloutKind, RolloutState
+
+    migrate.upgrade(empty_url, "0006")
+    now = "2026-01-01 00:00:00"
+    managed = {
+        "managed": True, "policy": {"interval_s": 60.0, "failure_limit": 2}, "surge": 1,
+        "interval_since": "2026-01-01T00:01:00+00:00", "step_since": "2026-01-01T00:00:30+00:00",
+        "restarts_at": 3, "notified_state": "progressing", "promote": "full",
+    }  # fmt: skip
+    restart = {"managed": True, "policy": {}, "queue": [7, 8], "done": [5], "current": 6,
+               "stage": "stopping"}  # fmt: skip
+    rows = [(1, "rollout", managed), (2, "rollout", {}), (3, "restart", restart)]
+    engine = make_engine(empty_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"INSERT INTO model (id, name, created_at) VALUES (1, 'm', '{now}')"))
+        for version in (1, 2):
+            conn.execute(
+                sa.text(
+                    "INSERT INTO modelversion (id, model_id, version, line, digest, manifest, "
+                    f"total_bytes, source_uri, notes, deprecated, created_at) VALUES ({version}, "
+                    f"1, 'v{version}', 'base', '{str(version) * 64}', '[]', 0, '/w', '', false, "
+                    f"'{now}')"
+                )
+            )
+        conn.execute(
+            sa.text(
+                "INSERT INTO deployment (id, name, model_id, stable_version_id, engine_config, "
+                "placement_hosts, placement_labels, instances_per_host, created_at, updated_at) "
+                f"VALUES (1, 'web', 1, 1, '{{}}', '[]', '{{}}', 2, '{now}', '{now}')"
+            )
+        )
+        for rollout_id, kind, spec in rows:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO rollout (id, deployment_id, from_version_id, to_version_id, "
+                    "state, step_index, canary_weight, steps, analysis, message, created_at, "
+                    f"updated_at, kind, spec) VALUES ({rollout_id}, 1, 1, 2, 'aborted', 0, 0, "
+                    f"'[]', '[]', '', '{now}', '{now}', '{kind}', :spec)"
+                ),
+                {"spec": json.dumps(spec)},
+            )
+    engine.dispose()
+
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    with Session(engine) as session:
+        got = session.exec(select(Rollout).order_by(col(Rollout.id))).all()
+        assert [r.kind for r in got] == [RolloutKind.ROLLOUT, RolloutKind.MANUAL, "restart"]
+        assert got[0].state == RolloutState.ABORTED
+        settings, progress = got[0].settings, got[0].progress
+        assert (settings.policy.interval_s, settings.policy.failure_limit) == (60.0, 2)
+        assert (settings.surge, settings.all_at_once) == (1, False)
+        assert progress.interval_since is not None and progress.step_since is not None
+        assert (progress.interval_since - progress.step_since).total_seconds() == 30
+        assert (progress.restarts_at, progress.pending) == (3, Promotion.FULL)
+        assert progress.notified_state == RolloutState.PROGRESSING
+        assert (got[1].settings.surge, got[1].progress.queue) == (0, ())
+        restarting = got[2].progress
+        assert (restarting.queue, restarting.done) == ((7, 8), (5,))
+        assert (restarting.current, restarting.stage) == (6, RestartStage.STOPPING)
+    engine.dispose()
+
+    # And back: the bag as it was (a manual canary a rollout without `managed` again).
+    migrate.downgrade(empty_url, "0006")
+    engine = make_engine(empty_url)
+    with engine.connect() as conn:
+        back = conn.execute(sa.text("SELECT id, kind, spec FROM rollout ORDER BY id")).all()
+    engine.dispose()
+    assert [(i, k, json.loads(s) if isinstance(s, str) else s) for i, k, s in back] == rows

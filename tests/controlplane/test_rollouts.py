@@ -17,7 +17,7 @@ import pytest
 from controlplane.rollouts.controller import RolloutController
 from controlplane.rollouts.notify import Notifier
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
-from protocol.rollouts import RolloutOut
+from protocol.rollouts import RolloutOut, RolloutPhase, RolloutState
 from tests.controlplane.conftest import Api
 from tests.controlplane.fleet import ADDRESS, V1_DIGEST, V2_DIGEST, beat, report, serving_fleet
 
@@ -124,7 +124,7 @@ def test_a_good_canary_goes_step_by_step_to_promotion_and_rolls_back(
         "demo:v1",
         "demo:v2",
         [25, 50, 100],
-        "progressing",
+        RolloutState.PROGRESSING,
     )
     tick(api)
     out = status(api)
@@ -133,7 +133,7 @@ def test_a_good_canary_goes_step_by_step_to_promotion_and_rolls_back(
     assert versions(api) == {"v1": 3, "v2": 1}
     ready_round(api, agent)
     out = status(api)
-    assert (out.step, out.weight, out.phase, out.canary_ready) == (1, 25, "analysing", 1)
+    assert (out.step, out.weight, out.phase, out.canary_ready) == (1, 25, RolloutPhase.ANALYSING, 1)
     assert out.time_left_s == pytest.approx(INTERVAL)
 
     serve_interval(api, agent, gateway, stable=(30, 0), canary=(10, 0))
@@ -146,14 +146,14 @@ def test_a_good_canary_goes_step_by_step_to_promotion_and_rolls_back(
     serve_interval(api, agent, gateway, stable=(20, 0), canary=(20, 0))
     # Promotion: every request to the new version, the rest moved one instance at a time.
     out = status(api)
-    assert (out.phase, out.weight) == ("promoting", 100)
+    assert (out.phase, out.weight) == (RolloutPhase.PROMOTING, 100)
     seen = []
     for _ in range(6):
         seen.append(versions(api)["v2"])
         ready_round(api, agent)
     assert seen[:2] == [3, 4]
     out = status(api)
-    assert (out.state, out.weight, out.canary_instances) == ("promoted", 0, 0)
+    assert (out.state, out.weight, out.canary_instances) == (RolloutState.PROMOTED, 0, 0)
     assert [a.verdict for a in out.analyses] == ["pass", "pass"]
     shown = api.as_admin("GET", f"{V}/deployments/web").json()
     assert (shown["version"], shown["canary_version"]) == ("v2", None)
@@ -173,15 +173,15 @@ def test_a_good_canary_goes_step_by_step_to_promotion_and_rolls_back(
         moved.append(versions(api)["v1"])
     assert moved[0] == 1 and moved[1] == 2  # rolling
     out = status(api)
-    assert (out.kind, out.state) == ("rollback", "rolled_back")
+    assert (out.kind, out.state) == ("rollback", RolloutState.ROLLED_BACK)
     assert api.as_admin("GET", f"{V}/deployments/web").json()["version"] == "v1"
     kinds = [e["kind"] for e in api.as_admin("GET", f"{V}/events").json()["items"]]
     for kind in ("rollout.started", "rollout.step", "rollout.promoted", "rollback.rolled_back"):
         assert kind in kinds
     history = api.as_admin("GET", f"{V}/deployments/web/rollouts").json()
     assert [(h["kind"], h["state"]) for h in history] == [
-        ("rollback", "rolled_back"),
-        ("rollout", "promoted"),
+        ("rollback", RolloutState.ROLLED_BACK),
+        ("rollout", RolloutState.PROMOTED),
     ]
 
 
@@ -194,11 +194,11 @@ def test_errors_on_the_canary_abort_it_after_the_failure_limit(
     ready_round(api, agent)
     serve_interval(api, agent, gateway, stable=(40, 0), canary=(20, 10))
     out = status(api)
-    assert (out.state, out.step) == ("progressing", 1)  # one failure of two
+    assert (out.state, out.step) == (RolloutState.PROGRESSING, 1)  # one failure of two
     assert out.analysis is not None and out.analysis.verdict == "fail"
     serve_interval(api, agent, gateway, stable=(40, 0), canary=(20, 10))
     out = status(api)
-    assert (out.state, out.weight, out.canary_instances) == ("aborted", 0, 0)
+    assert (out.state, out.weight, out.canary_instances) == (RolloutState.ABORTED, 0, 0)
     assert "error rate" in out.reason and "0.5" in out.reason
     assert versions(api) == {"v1": 4}  # back on the snapshot the host kept
     # The analysis is kept with the figures.
@@ -229,7 +229,7 @@ def test_slower_decoding_aborts_even_without_errors(api: Api, fleet: tuple[str, 
         traffic(api, gateway, stable=(30, 0), canary=(10, 0))
         tick(api)
     out = status(api)
-    assert out.state == "aborted", out
+    assert out.state == RolloutState.ABORTED, out
     assert "steps per block" in out.reason and "tokens per forward" in out.reason
     verdicts = {m.metric: m.verdict for m in out.analyses[-1].metrics}
     assert verdicts["error rate"] == "pass" and verdicts["steps per block"] == "fail"
@@ -244,7 +244,7 @@ def test_no_traffic_extends_the_step_instead_of_promoting(api: Api, fleet: tuple
         api.clock.advance(INTERVAL / 2)
         tick(api)
     out = status(api)
-    assert (out.state, out.step, out.weight) == ("progressing", 1, 50)
+    assert (out.state, out.step, out.weight) == (RolloutState.PROGRESSING, 1, 50)
     assert [a.verdict for a in out.analyses] == ["inconclusive"] * 3
     assert "extended" in out.reason
     assert versions(api) == {"v1": 2, "v2": 2}
@@ -277,7 +277,7 @@ def test_by_hand_pause_resume_promote_abort_and_one_at_a_time(
     )
     assert abort.status_code == 200
     # The canary is gone at once (no round needed): the routing table has weight 0.
-    assert (abort.json()["state"], abort.json()["weight"]) == ("aborted", 0)
+    assert (abort.json()["state"], abort.json()["weight"]) == (RolloutState.ABORTED, 0)
     assert versions(api) == {"v1": 4}
     assert "game day over" in abort.json()["reason"]
     assert api.as_admin("POST", f"{V}/deployments/web/rollout/abort", json={}).status_code == 404
@@ -288,7 +288,7 @@ def test_by_hand_pause_resume_promote_abort_and_one_at_a_time(
     assert full.status_code == 200
     for _ in range(8):
         ready_round(api, agent)
-    assert status(api).state == "promoted"
+    assert status(api).state == RolloutState.PROMOTED
     assert versions(api) == {"v2": 4}
 
 
@@ -330,7 +330,7 @@ def test_time_without_a_leader_does_not_count_against_the_step(
     api.clock.advance(300)  # the control plane was down: no rounds
     tick(api)
     out = status(api)
-    assert (out.step, out.phase) == (1, "analysing")
+    assert (out.step, out.phase) == (1, RolloutPhase.ANALYSING)
     assert out.time_left_s == pytest.approx(50)
 
 
@@ -352,7 +352,7 @@ def test_a_restart_replaces_one_instance_at_a_time(api: Api, fleet: tuple[str, s
     assert stopped_together == [1, 1, 1, 1]
     tick(api)
     out = status(api)
-    assert (out.kind, out.state) == ("restart", "completed")
+    assert (out.kind, out.state) == ("restart", RolloutState.COMPLETED)
     assert "4 instance(s) restarted" in out.reason
 
 
@@ -416,8 +416,8 @@ def test_notifications_on_state_changes_and_failed_analyses(
     controller(api).notifier.close()
     events = [(b["event"], b["state"]) for b in Receiver.bodies]
     assert events == [
-        ("state", "progressing"), ("analysis_failed", "progressing"),
-        ("analysis_failed", "aborted"), ("state", "aborted"),
+        ("state", RolloutState.PROGRESSING), ("analysis_failed", RolloutState.PROGRESSING),
+        ("analysis_failed", RolloutState.ABORTED), ("state", RolloutState.ABORTED),
     ]  # fmt: skip
     assert all(b["deployment"] == "web" and b["to"] == "demo:v2" for b in Receiver.bodies)
     assert "error rate" in Receiver.bodies[-1]["reason"]
@@ -469,7 +469,7 @@ def test_an_engine_config_alone_rolls_out_as_the_same_weights_under_a_new_tag(
     assert full.status_code == 200
     for _ in range(6):
         ready_round(api, agent)
-    assert status(api).state == "promoted"
+    assert status(api).state == RolloutState.PROMOTED
     shown = api.as_admin("GET", f"{V}/deployments/web").json()
     assert shown["engine_config"] == config and shown["version"] == to.split(":")[1]
 
@@ -499,7 +499,7 @@ def test_the_new_snapshot_is_pre_staged_on_every_host_first(
     assert [r["digest"] for r in reply["prefetch"]] == [V2_DIGEST]
     tick(api, held=(V1_DIGEST,))
     out = status(api)
-    assert (out.phase, out.step, out.canary_instances) == ("staging", 0, 0)
+    assert (out.phase, out.step, out.canary_instances) == (RolloutPhase.STAGING, 0, 0)
     assert [(s.host, s.state) for s in out.staging] == [("gpu-1", "fetching")]
     assert "waiting for gpu-1" in out.reason and versions(api) == {"v1": 4}
     tick(api)  # now it holds v2
@@ -517,7 +517,7 @@ def test_a_host_that_cannot_verify_the_snapshot_pauses_the_rollout(
          facts={"snapshots": [V1_DIGEST], "snapshot_failures": [failure]})  # fmt: skip
     controller(api).tick(api.clock())
     out = status(api)
-    assert (out.state, out.phase) == ("paused", "staging")
+    assert (out.state, out.phase) == (RolloutState.PAUSED, RolloutPhase.STAGING)
     assert "gpu-1" in out.reason and "model.safetensors" in out.reason
     assert versions(api) == {"v1": 4}  # nothing moved
 
@@ -544,7 +544,7 @@ def test_surge_runs_the_canary_beside_a_single_instance_where_gpus_are_free(
     assert full.status_code == 200
     for _ in range(6):
         ready_round(api, agent)
-    assert status(api).state == "promoted"
+    assert status(api).state == RolloutState.PROMOTED
     assert versions(api) == {"v2": 1}  # the surge instance is gone again
     # No room for another instance: refused, saying why.
     wide = api.as_admin("PATCH", f"{V}/deployments/web", json={"gpus_per_instance": 8})

@@ -15,6 +15,7 @@ from client import calls
 from client.errors import ClientError
 from client.http import AsyncControlPlaneClient, ControlPlaneClient
 from protocol.gateway import CanarySet, RouteTable, TrafficReport, TrafficWindow
+from protocol.rollouts import RolloutState
 from tests.controlplane.conftest import Api, deploy, statements
 from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, report, serving_fleet
 
@@ -280,7 +281,7 @@ def test_the_rest_client_speaks_every_gateway_call(api: Api) -> None:
         assert traffic.since == since and traffic.step_s == 30
         assert [v.requests for v in traffic.versions] == [3]
         ended = op.clear_canary("web")
-        assert (ended.state, ended.weight) == ("rolled_back", 0)
+        assert (ended.state, ended.weight) == (RolloutState.ROLLED_BACK, 0)
 
     async def run_async() -> None:
         # The async client straight on the ASGI app.

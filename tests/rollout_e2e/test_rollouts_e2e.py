@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.rollouts import RolloutOut
+from protocol.rollouts import RolloutOut, RolloutState
 from tests.agent_e2e.conftest import wait_for
 from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet
 
@@ -61,7 +61,7 @@ def test_a_good_version_goes_10_50_100_and_is_promoted(rollout_fleet: RolloutFle
                 print(f"{a.time - start:7.2f} {a.version} {a.status} {a.seconds:.3f}")
     assert result.returncode == 0, result.stdout[-3000:]
     out = status(ro)
-    assert (out.state, out.from_, out.to) == ("promoted", "demo:v1", "demo:v2")
+    assert (out.state, out.from_, out.to) == (RolloutState.PROMOTED, "demo:v1", "demo:v2")
     # Each analysed step saw the split its weight asks for: the clients' answers from 1.5 s
     # after the step started (gateways poll the routing table every second) to its analysis.
     for analysis in out.analyses:
@@ -108,8 +108,8 @@ def test_a_canary_answering_half_with_errors_is_aborted(
     assert result.returncode == 0, result.stdout + result.stderr
     wait_weight(ro)
     weighted = time.monotonic()
-    out = wait_state(ro, {"aborted", "promoted"})
-    assert out.state == "aborted" and "error rate" in out.reason, out.reason
+    out = wait_state(ro, {RolloutState.ABORTED, RolloutState.PROMOTED})
+    assert out.state == RolloutState.ABORTED and "error rate" in out.reason, out.reason
     # Server times: from the step's start (the canary ready and weighted) to the abort.
     took = (out.updated_at - out.analyses[0].since).total_seconds()
     assert took <= INTERVAL_S * 3 + 2, [(str(a.time), a.verdict) for a in out.analyses]
@@ -133,8 +133,8 @@ def test_a_canary_decoding_with_twice_the_steps_is_aborted(
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     start = time.monotonic()
-    out = wait_state(ro, {"aborted", "promoted"})
-    assert out.state == "aborted" and "steps per block" in out.reason, out.reason
+    out = wait_state(ro, {RolloutState.ABORTED, RolloutState.PROMOTED})
+    assert out.state == RolloutState.ABORTED and "steps per block" in out.reason, out.reason
     by_metric = {m.metric: m for m in out.analyses[-1].metrics}
     assert by_metric["error rate"].verdict == "pass"
     steps = by_metric["steps per block"]
@@ -155,7 +155,7 @@ def test_rollback_moves_every_instance_back_without_fetching(rollout_fleet: Roll
     assert took < 120, took
     assert all(a.status == 200 for a in ro.load.since(start))
     out = status(ro)
-    assert (out.kind, out.state, out.to) == ("rollback", "rolled_back", "demo:v1")
+    assert (out.kind, out.state, out.to) == ("rollback", RolloutState.ROLLED_BACK, "demo:v1")
 
 
 def test_a_rolling_restart_under_traffic_fails_no_request(rollout_fleet: RolloutFleet) -> None:
@@ -171,7 +171,7 @@ def test_a_rolling_restart_under_traffic_fails_no_request(rollout_fleet: Rollout
     assert len(answers) > 50 and all(a.status == 200 for a in answers), [
         a for a in answers if a.status != 200
     ][:5]
-    assert (status(ro).kind, status(ro).state) == ("restart", "completed")
+    assert (status(ro).kind, status(ro).state) == ("restart", RolloutState.COMPLETED)
 
 
 def test_the_control_plane_killed_mid_step_resumes_the_step(rollout_fleet: RolloutFleet) -> None:
@@ -195,7 +195,7 @@ def test_the_control_plane_killed_mid_step_resumes_the_step(rollout_fleet: Rollo
         # Once the new process holds the controllers' lease (the dead one's hold runs out
         # first), its first round takes the time without a leader off the step's clock.
         now = status(ro)
-        assert (now.state, now.step, now.weight) == ("progressing", 1, 50), now
+        assert (now.state, now.step, now.weight) == (RolloutState.PROGRESSING, 1, 50), now
         return now if now.time_left_s is not None and now.time_left_s >= left - 4 else None
 
     out_after = wait_for("the step to resume with the time it had left", resumed, 60)

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from client import AsyncControlPlaneClient
+from protocol.rollouts import RolloutPhase, RolloutState
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 GIB = 2**30
@@ -146,7 +147,7 @@ def rollout(id_: int, state: str, ago: float, reason: str, **extra: Any) -> dict
         "from": "demo:v1",
         "to": "demo:v2",
         "engine_config_changed": False,
-        "phase": "analysing",
+        "phase": RolloutPhase.ANALYSING,
         "canary_instances": 1,
         "canary_ready": 1,
         "stable_ready": 1,
@@ -162,8 +163,8 @@ def rollout(id_: int, state: str, ago: float, reason: str, **extra: Any) -> dict
     }
 
 
-ROLLOUT = rollout(2, "progressing", 400, "", analysis=ANALYSIS)
-HISTORY = [ROLLOUT, rollout(1, "aborted", 5000, "p95 latency 1.9x stable (limit 1.25x)")]
+ROLLOUT = rollout(2, RolloutState.PROGRESSING, 400, "", analysis=ANALYSIS)
+HISTORY = [ROLLOUT, rollout(1, RolloutState.ABORTED, 5000, "p95 latency 1.9x stable (limit 1.25x)")]
 
 
 def version(tag: str, line: str, parent: str | None, n: int) -> dict[str, Any]:

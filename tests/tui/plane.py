@@ -37,7 +37,13 @@ from controlplane.models import Host
 from controlplane.settings import ControlPlaneSettings
 from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement, TokenCreate
 from protocol.rollout_policy import RolloutPolicy
-from protocol.rollouts import RolloutAction, RolloutCreate
+from protocol.rollouts import (
+    ACTIVE_STATES,
+    RolloutAction,
+    RolloutCreate,
+    RolloutPhase,
+    RolloutState,
+)
 from protocol.wire import Manifest, MemoryPlan
 from tests.tui.fleet import GIB, FakeAgent, Ticker
 
@@ -45,7 +51,7 @@ LINES = (("v1", "base", None), ("v2", "diffusion", "demo:v1"), ("v3", "finetune"
 SEED_ROLLOUT = RolloutCreate(
     to="v2", steps=[10, 50, 100], policy=RolloutPolicy(interval_s=3600), reason="seeded"
 )
-ACTIVE = ("progressing", "paused")
+ACTIVE = ACTIVE_STATES
 
 
 def manifest(seed: int) -> Manifest:
@@ -223,7 +229,11 @@ class Plane:
 
         def at_step_one() -> bool:
             out = self.sync.get_rollout("web")
-            return (out.state, out.step, out.phase) == ("progressing", 1, "analysing")
+            return (out.state, out.step, out.phase) == (
+                RolloutState.PROGRESSING,
+                1,
+                RolloutPhase.ANALYSING,
+            )
 
         self.wait_for("the seeded rollout at step 1", at_step_one)
 

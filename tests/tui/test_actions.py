@@ -12,6 +12,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Static
 
+from protocol.rollouts import RolloutState
 from tests.tui.plane import Plane
 from tui.app import DctlApp
 from tui.dialogs import CanaryForm, ConfirmDialog, ErrorDialog, RollbackPicker
@@ -63,21 +64,33 @@ def toasts(app: DctlApp) -> list[str]:
 
 async def test_abort_reaches_the_api_and_the_panel_shows_it(seeded: Plane) -> None:
     async with detail(seeded) as (app, pilot):
-        assert "progressing" in shown(app, "#rollout")
+        assert RolloutState.PROGRESSING in shown(app, "#rollout")
         question = await confirm(app, pilot, "a")
         assert question.startswith("Abort web's rollout")
-        await until(pilot, "aborted", lambda: seeded.sync.get_rollout("web").state == "aborted")
-        await until(pilot, "the panel", lambda: "aborted" in shown(app, "#rollout"))
-        assert any("aborted" in t for t in toasts(app))
+        await until(
+            pilot,
+            RolloutState.ABORTED,
+            lambda: seeded.sync.get_rollout("web").state == RolloutState.ABORTED,
+        )
+        await until(pilot, "the panel", lambda: RolloutState.ABORTED in shown(app, "#rollout"))
+        assert any(RolloutState.ABORTED in t for t in toasts(app))
 
 
 async def test_pause_then_resume_by_the_rollouts_state(seeded: Plane) -> None:
     async with detail(seeded) as (app, pilot):
         assert (await confirm(app, pilot, "u")).startswith("Pause web's rollout")
-        await until(pilot, "paused", lambda: seeded.sync.get_rollout("web").state == "paused")
-        await until(pilot, "the panel", lambda: "paused" in shown(app, "#rollout"))
+        await until(
+            pilot,
+            RolloutState.PAUSED,
+            lambda: seeded.sync.get_rollout("web").state == RolloutState.PAUSED,
+        )
+        await until(pilot, "the panel", lambda: RolloutState.PAUSED in shown(app, "#rollout"))
         assert (await confirm(app, pilot, "u")).startswith("Resume web's paused rollout")
-        await until(pilot, "resumed", lambda: seeded.sync.get_rollout("web").state == "progressing")
+        await until(
+            pilot,
+            "resumed",
+            lambda: seeded.sync.get_rollout("web").state == RolloutState.PROGRESSING,
+        )
 
 
 async def test_promote_a_step_then_all_the_way(seeded: Plane) -> None:
@@ -86,7 +99,9 @@ async def test_promote_a_step_then_all_the_way(seeded: Plane) -> None:
         await until(pilot, "step 2", lambda: seeded.sync.get_rollout("web").step == 2)
         await until(pilot, "the panel", lambda: "2/3" in shown(app, "#rollout"))
         assert "all the way" in await confirm(app, pilot, "P")
-        await until(pilot, "promoted", lambda: seeded.sync.get_deployment("web").version == "v2")
+        await until(
+            pilot, RolloutState.PROMOTED, lambda: seeded.sync.get_deployment("web").version == "v2"
+        )
 
 
 async def test_cancel_sends_nothing(plane: Plane) -> None:
@@ -140,19 +155,25 @@ async def test_rollback_by_default_ends_the_rollout(seeded: Plane) -> None:
         assert shown(app, "#question").startswith("Roll web back to demo:v1, ending its rollout")
         await pilot.press("y")
         ended = seeded.sync.get_rollout
-        await until(pilot, "rolled back", lambda: ended("web").state == "rolled_back")
+        await until(pilot, "rolled back", lambda: ended("web").state == RolloutState.ROLLED_BACK)
 
 
 async def test_restart_the_selected_instance_only(seeded: Plane) -> None:
     seeded.sync.rollout_action("web", "abort", _reason())
     async with detail(seeded) as (app, pilot):
-        await until(pilot, "no active rollout", lambda: "aborted" in shown(app, "#rollout"))
+        await until(
+            pilot, "no active rollout", lambda: RolloutState.ABORTED in shown(app, "#rollout")
+        )
         selected = app.screen.table.selected_key
         question = await confirm(app, pilot, "R")
         assert question.startswith(f"Restart instance {selected} on gpu-")
         record = seeded.sync.get_rollout("web")
         assert record.kind == "restart"
-        await until(pilot, "restarted", lambda: seeded.sync.get_rollout("web").state == "completed")
+        await until(
+            pilot,
+            "restarted",
+            lambda: seeded.sync.get_rollout("web").state == RolloutState.COMPLETED,
+        )
         assert "1 instance(s) restarted" in seeded.sync.get_rollout("web").reason
 
 
@@ -172,7 +193,7 @@ async def test_a_viewer_sees_the_403_in_a_dialog(plane: Plane) -> None:
         assert "(HTTP 403)" in shown(app, "#message")
         await pilot.press("escape")
         assert app.is_running
-    assert plane.sync.get_rollout("web").state == "progressing"
+    assert plane.sync.get_rollout("web").state == RolloutState.PROGRESSING
 
 
 def _reason() -> Any:

@@ -19,7 +19,7 @@ from textual.widgets import Input, Static
 
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut, HostOut
-from protocol.rollouts import RolloutCreate, RolloutOut
+from protocol.rollouts import RolloutCreate, RolloutOut, RolloutPhase, RolloutState
 from tui.actions import (
     ACTION_KEYS,
     CanaryFields,
@@ -52,11 +52,13 @@ def deployment(version: str = "v1", rollback_version: str | None = None) -> Depl
     })  # fmt: skip
 
 
-def rollout(state: str = "progressing", kind: str = "rollout", **extra: Any) -> RolloutOut:
+def rollout(
+    state: str = RolloutState.PROGRESSING, kind: str = "rollout", **extra: Any
+) -> RolloutOut:
     return RolloutOut.model_validate({
         "id": 3, "deployment": "web", "kind": kind, "state": state, "step": 1,
         "steps": [10, 50, 100], "weight": 10, "from": "demo:v1", "to": "demo:v2",
-        "engine_config_changed": False, "phase": "analysing", "canary_instances": 1,
+        "engine_config_changed": False, "phase": RolloutPhase.ANALYSING, "canary_instances": 1,
         "canary_ready": 1, "stable_ready": 1, "step_started_at": NOW, "time_left_s": 60.0,
         "policy": {}, "analysis": None, "reason": "", "actor": "admin", "created_at": NOW,
         "updated_at": NOW, **extra,
@@ -85,8 +87,8 @@ TARGET = Target(deployment(), rollout(), instance_id=8, versions=VERSIONS)
         ("P", TARGET, "POST", "/deployments/web/rollout/promote", {"full": True}),
         ("a", TARGET, "POST", "/deployments/web/rollout/abort", {"full": False}),
         ("u", TARGET, "POST", "/deployments/web/rollout/pause", {}),
-        ("u", Target(deployment(), rollout("paused")), "POST", "/deployments/web/rollout/resume",
-         {}),
+        ("u", Target(deployment(), rollout(RolloutState.PAUSED)), "POST",
+         "/deployments/web/rollout/resume", {}),
         ("r", TARGET, "POST", "/deployments/web/restart", {"instance": None, "host": None}),
         ("R", TARGET, "POST", "/deployments/web/restart", {"instance": 8}),
         ("n", Target(host=host()), "POST", "/hosts/gpu-1/drain", None),
@@ -108,7 +110,10 @@ def test_the_confirmation_says_what_will_happen() -> None:
     assert "Pause web's rollout 3 (demo:v1 -> demo:v2, step 1/3 at 10%)" in (
         plan_for("pause_resume", TARGET).question
     )
-    assert "Resume" in plan_for("pause_resume", Target(deployment(), rollout("paused"))).question
+    assert (
+        "Resume"
+        in plan_for("pause_resume", Target(deployment(), rollout(RolloutState.PAUSED))).question
+    )
     assert "back to demo:v1" in plan_for("abort", TARGET).question
     assert "all the way to 100%" in plan_for("promote_full", TARGET).question
     assert plan_for("restart_instance", TARGET).question == "Restart instance 8 on gpu-2 of web?"
@@ -124,8 +129,8 @@ def test_actions_that_make_no_sense_are_refused_without_a_request() -> None:
     idle = Target(deployment(), None)
     for action in ("promote", "promote_full", "abort", "pause_resume"):
         assert refusal(action, idle) == "deployment web has no active rollout"
-        assert refusal(action, Target(deployment(), rollout("promoted"))) is not None
-    restart = Target(deployment(), rollout("progressing", kind="restart"))
+        assert refusal(action, Target(deployment(), rollout(RolloutState.PROMOTED))) is not None
+    restart = Target(deployment(), rollout(RolloutState.PROGRESSING, kind="restart"))
     assert refusal("promote", restart) == "web's active restart has no steps to promote"
     assert refusal("abort", restart) is None
     assert "select an instance" in (refusal("restart_instance", Target(deployment())) or "")
@@ -232,7 +237,7 @@ def toasts(app: App[Any]) -> list[str]:
 
 
 async def test_y_sends_and_the_answer_is_a_toast() -> None:
-    answered = rollout("paused").model_dump(mode="json", by_alias=True)
+    answered = rollout(RolloutState.PAUSED).model_dump(mode="json", by_alias=True)
     recorder = Recorder(answer=answered)
     app = Harness(recorder, "pause_resume", TARGET)
     async with app.run_test() as pilot:

@@ -9,6 +9,7 @@ import pytest
 
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, HostOut
+from protocol.rollouts import RolloutState
 from tests.tui import canned
 from tui import format as fmt
 from tui import health
@@ -32,8 +33,8 @@ def test_states_map_to_colours() -> None:
     assert health.instance_state("crash_loop") == "bad"
     assert health.instance_state("stopped") == "idle"
     assert [health.verdict(v) for v in ("pass", "fail", "inconclusive")] == ["ok", "bad", "warn"]
-    assert health.rollout_state("promoted") == "ok"
-    assert health.rollout_state("aborted") == "bad"
+    assert health.rollout_state(RolloutState.PROMOTED) == "ok"
+    assert health.rollout_state(RolloutState.ABORTED) == "bad"
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import yaml
 
 from cli.tune_apply import merged_engine_config
 from client.http import ControlPlaneClient
-from protocol.rollouts import RolloutAction
+from protocol.rollouts import RolloutAction, RolloutState
 from tests.cli.conftest import Dctl, Server, start_server
 from tests.cli.hosts import register_host
 from tests.engine_server.conftest import MODEL, ServerProcess
@@ -79,7 +79,7 @@ def test_apply_starts_a_config_canary_with_the_keys_merged(
 
     with ControlPlaneClient(plane.url, plane.admin_token) as api:
         rollout = api.get_rollout(MODEL)
-        assert rollout.state == "progressing"
+        assert rollout.state == RolloutState.PROGRESSING
         assert rollout.engine_config_changed and rollout.weight in {0, 10}
         # Why it started is in the audit log (the record's reason follows its progress).
         events = api.list_events(limit=50).items

@@ -18,11 +18,15 @@ from client import Call, calls
 from client.calls import RolloutVerb
 from protocol.rest import DeploymentOut, HostOut
 from protocol.rollouts import (
+    ACTIVE_STATES,
+    CANARY_KINDS,
     RestartCreate,
     RollbackCreate,
     RolloutAction,
     RolloutCreate,
+    RolloutKind,
     RolloutOut,
+    RolloutState,
 )
 from tui.format import duration
 
@@ -37,7 +41,6 @@ ACTION_KEYS: dict[str, str] = {
     "R": "restart_instance",
     "n": "drain_toggle",
 }
-ACTIVE_STATES = ("progressing", "paused")
 TITLES = {
     "canary": "Canary rollout",
     "promote": "Promote",
@@ -97,7 +100,11 @@ def refusal(action: str, target: Target) -> str | None:
     going = active(target.rollout)
     if action in _STEERING and going is None:
         return f"deployment {name} has no active rollout"
-    if action in ("promote", "promote_full") and going is not None and going.kind != "rollout":
+    if (
+        action in ("promote", "promote_full")
+        and going is not None
+        and going.kind != RolloutKind.ROLLOUT
+    ):
         return f"{name}'s active {going.kind} has no steps to promote"
     if action == "restart_instance" and target.instance_id is None:
         return "select an instance first (R restarts the selected instance only)"
@@ -119,7 +126,7 @@ def rollback_choices(
     stable = stable_ref(deployment)
     choices: list[RollbackChoice] = []
     going = active(rollout)
-    if going is not None and going.kind == "rollout":
+    if going is not None and going.kind in CANARY_KINDS:
         default: str | None = going.from_
         label = f"{going.from_} (default: end rollout {going.id}, its canary goes away at once)"
         choices.append(RollbackChoice(label, None))
@@ -162,7 +169,7 @@ def rollback_plan(
     active ROLLOUT ends it)."""
     spec = RollbackCreate(to=choice.to)
     going = active(rollout)
-    if choice.to is None and going is not None and going.kind == "rollout":
+    if choice.to is None and going is not None and going.kind in CANARY_KINDS:
         question = (
             f"Roll {deployment.name} back to {going.from_}, ending its {_rollout_line(going)}? "
             "Its canary goes away at once."
@@ -211,7 +218,7 @@ def plan_for(action: str, target: Target) -> Plan:
     elif action == "abort":
         verb, body = "abort", RolloutAction()
         question = f"Abort {name}'s {line}? Every request goes back to {going.from_}."
-    elif going.state == "paused":
+    elif going.state == RolloutState.PAUSED:
         verb, body, question = "resume", RolloutAction(), f"Resume {name}'s paused {line}?"
     else:
         verb, body = "pause", RolloutAction()

@@ -13,10 +13,10 @@ from textual.widgets import Static
 
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut
-from protocol.rollouts import RolloutOut
+from protocol.rollouts import ACTIVE_STATES, RolloutOut
 from tui import fetch, health
 from tui import format as fmt
-from tui.fetch import ACTIVE_ROLLOUT_STATES, DeploymentDetailData
+from tui.fetch import DeploymentDetailData
 from tui.traffic import p95_series, request_rates
 from tui.views.base import ViewScreen
 from tui.views.deployments import ready_cell
@@ -199,7 +199,7 @@ class DeploymentDetailScreen(ViewScreen):
         )
         return Target(
             deployment=self.data.deployment,
-            rollout=rollout if rollout and rollout.state in ACTIVE_ROLLOUT_STATES else None,
+            rollout=rollout if rollout and rollout.state in ACTIVE_STATES else None,
             instance_id=int(selected) if selected else None,
             versions=versions,
         )
