@@ -221,6 +221,12 @@ class Supervisor:
 
     def _begin_stop(self, inst: SupervisedInstance, then: str, reason: str) -> None:
         assert inst.process is not None
+        if inst.state == InstanceState.STOPPING:
+            # Already draining: only what follows changes. A second SIGTERM tells an engine to
+            # exit at once, cutting off the requests it is finishing (every heartbeat repeats
+            # a stop; a rolling restart lost a request so), and the grace must not start over.
+            inst.after_stop = then
+            return
         inst.process.send(SIGTERM)
         inst.stop_deadline = self.clock() + self.policy.stop_grace_s
         inst.after_stop = then

@@ -171,6 +171,26 @@ def test_stop_drains_then_kills_after_the_grace(rig: tuple) -> None:
     assert not (sup.run_dir / "instance-7.json").exists()
 
 
+def test_a_stop_repeated_while_draining_sends_no_second_sigterm(rig: tuple) -> None:
+    """Every heartbeat repeats the desired stop; an engine takes a second SIGTERM as "exit now"
+    and would cut off the requests it is finishing (a rolling restart lost one so)."""
+    sup, launcher, clock, _health, _ = rig
+    sup.ensure(spec())
+    proc = launcher.last
+    proc.exit_on_term = False  # still draining
+    sup.stop(7)
+    clock.advance(5)
+    sup.stop(7)
+    sup.ensure(spec(digest="b" * 64))  # replaced meanwhile: started once the old one exits
+    sup.stop(7)
+    assert proc.signals == [signal.SIGTERM]
+    clock.advance(5)  # the grace counts from the first stop
+    sup.tick()
+    assert proc.signals == [signal.SIGTERM, signal.SIGKILL]
+    sup.tick()
+    assert sup.state_of(7) == InstanceState.STOPPED and len(launcher.launched) == 1
+
+
 def test_a_new_spec_drains_the_old_engine_then_starts_the_new(rig: tuple) -> None:
     sup, launcher, _clock, _health, _ = rig
     sup.ensure(spec())
