@@ -252,9 +252,18 @@ def run(config: ServeConfig) -> int:
     async def drain() -> None:
         grace = config.service.shutdown_grace_s
         model = state.model
-        running = model.engine.in_flight if model else 0
-        log.info("draining", extra={"in_flight": running, "grace_s": grace})
-        aborted = await model.engine.drain(grace) if model else 0
+        log.info("draining", extra={"in_flight": state.answering, "grace_s": grace})
+        # Every request taken before the signal (streamed or not, in the engine or still being
+        # read or tokenized: new ones are refused at the door, `require_ready`) has the grace
+        # period to be answered in full. Once uvicorn shuts down it cancels whatever still
+        # runs, and a cancelled handler is a 500 to its client. The engine's own count would
+        # not do: it starts after a request is read and ends before its answer is written.
+        deadline = time.monotonic() + grace
+        while state.answering and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        # Past the grace: what the engine still holds fails as 503 `draining`, which gateways
+        # retry elsewhere (uvicorn's `timeout_graceful_shutdown` lets those answers out).
+        aborted = await model.engine.drain(0) if model is not None else 0
         log.info("drained", extra={"aborted": aborted})
         server.should_exit = True
 

@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.api_requests import (
     chat_max_tokens,
@@ -59,6 +60,8 @@ log = logging.getLogger("engine.server")
 
 # Seconds a client told "queue full" or "not ready" should wait before retrying.
 RETRY_AFTER_S = 1
+# The routes that generate: the requests a drain waits for.
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 @dataclass
@@ -80,6 +83,10 @@ class ServerState:
     draining: bool = False
     failure: str | None = None
     started: float = field(default_factory=time.time)
+    # Generation requests from their arrival to the last byte of their answer: what a drain
+    # waits for (the engine's own count ends before the answer is written, and starts after
+    # the body is read and tokenized).
+    answering: int = 0
 
     @property
     def phase(self) -> str:
@@ -110,6 +117,28 @@ class DisconnectWatch:
         self._task.cancel()
 
 
+class AnswerCount:
+    """ASGI middleware: counts the generation requests being answered (`ServerState.answering`).
+
+    It wraps the whole ASGI call, so a streamed answer counts until its last event is sent, not
+    only until its handler returns the response object.
+    """
+
+    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.state.answering += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.answering -= 1
+
+
 def _error_response(err: OpenAIErrorReply) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -120,6 +149,7 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="dctl engine", version="1", docs_url=None, redoc_url=None)
     app.state.server = state
     app.add_middleware(RequestLog)
+    app.add_middleware(AnswerCount, state=state)
     chaos = Chaos(config.chaos)
 
     @app.exception_handler(OpenAIErrorReply)
