@@ -34,6 +34,7 @@ from gateway.access import RateLimiter, TokenSlots
 from gateway.app import GatewayApp, Lifespan, Limits
 from gateway.balancer import Balancer
 from gateway.metrics import GatewayMetrics
+from gateway.pool_share import PoolShareCollector, PoolShares
 from gateway.presence import GatewayPresence, PresenceSink
 from gateway.proxy import Proxy
 from gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
@@ -148,7 +149,9 @@ def build_gateway(
                          for i in p.instances})  # fmt: skip
 
     routes = Routes(on_install=installed)
-    windows = TrafficWindows(lambda: datetime.now(UTC))
+    shares = PoolShares(time.monotonic)
+    metrics.registry.register(PoolShareCollector(shares, routes))
+    windows = TrafficWindows(lambda: datetime.now(UTC), shares)
     proxy = Proxy(balancer, upstream, metrics, windows)
     limits = Limits(
         settings.max_body_bytes, settings.max_inflight, settings.pool_header,

@@ -5,6 +5,9 @@ kept, so a request pays for increments, not for label lookups.
 `pinned="true"` marks requests a token with the grant pinned to a pool (`x-dctl-pool`): a smoke
 test stays visible here while the traffic windows, which the rollout analysis reads, leave it
 out; a query that judges a version should select `pinned="false"`.
+
+`dctl_gateway_pool_share` (the split clients saw, per pool) is computed at each scrape by
+`gateway.pool_share.PoolShareCollector`, which `build_gateway` registers on this registry.
 """
 
 from __future__ import annotations

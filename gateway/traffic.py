@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
+from gateway.pool_share import PoolShares
 from protocol.gateway import (
     LATENCY_BUCKETS_S,
     Pool,
@@ -94,10 +95,12 @@ class TakenWindows:
 
 
 class TrafficWindows:
-    """The windows being filled; NOW is the wall clock (reports carry real times)."""
+    """The windows being filled; NOW is the wall clock (reports carry real times). SHARES, when
+    given, counts every recorded request too (`dctl_gateway_pool_share`)."""
 
-    def __init__(self, now: Callable[[], datetime]) -> None:
+    def __init__(self, now: Callable[[], datetime], shares: PoolShares | None = None) -> None:
         self._now = now
+        self.shares = shares
         self.started_at = now()
         self._counts: dict[WindowKey, Counts] = {}
         self.dropped = 0  # requests not counted: more keys than a report can carry
@@ -111,6 +114,8 @@ class TrafficWindows:
         output_tokens: int,
     ) -> None:
         """Count one finished request. TTFT_S: None when no body byte came back."""
+        if self.shares is not None:
+            self.shares.count(key[0], key[-1])  # deployment, pool
         counts = self._counts.get(key)
         if counts is None:
             if len(self._counts) >= MAX_WINDOWS:

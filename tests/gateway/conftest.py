@@ -32,6 +32,7 @@ from tests.uvicorn_thread import serve_in_thread
 ENGINES: dict[str, tuple[int, str]] = {
     "a": (1, "ok"), "b": (2, "ok"), "c": (3, "ok"), "d": (4, "ok"), "e": (5, "ok"),
     "f": (6, "503"), "g": (7, "ok"), "h": (8, "ok"), "i": (9, "ok"), "j": (10, "ok"),
+    "k": (12, "ok"), "l": (13, "500"),
 }  # fmt: skip
 DEAD_ID = 11
 CLIENTS: dict[str, list[str] | None] = {
@@ -123,6 +124,10 @@ def routes_table(engines: dict[str, CannedEngine], tokens: dict[str, str]) -> di
         deployment("draining", pool("draining-model:v1", "f", "g")),
         deployment("twice", pool("twice-model:v1", "h", "i")),
         deployment("dead", {"version": "dead-model:v1", "instances": [inst("j"), dead]}),
+        deployment(  # a canary the gateway ejects: far less than its weight
+            "starved", pool("starved-model:v1", "k"),
+            canary=pool("starved-model:v2", "l"), canary_weight=50,
+        ),
         deployment("empty", pool("empty-model:v1")),
     ]  # fmt: skip
     clients = []
