@@ -15,7 +15,7 @@ from protocol.rollouts import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutS
 from runtime.durations import format_duration
 
 if TYPE_CHECKING:
-    from protocol.rollouts import Analysis, RolloutOut
+    from protocol.rollouts import Analysis, MetricUnit, RolloutOut
 
 REASON_WIDTH = 60
 
@@ -46,21 +46,17 @@ def plan(steps: Sequence[int]) -> str:
     return " -> ".join(f"{w}%" for w in steps) or "-"
 
 
-def metric_name(metric: str) -> str:
-    """The metric as a table shows it: a `(s)` unit goes, since figures carry their own."""
-    return metric.removesuffix(" (s)")
+def weight_text(weight: int, served: float | None) -> str:
+    """The canary's weight and, when known, the share of requests it was served: the split
+    clients see can fall far below the weight (`20% (served 2%)`) when gateways eject it."""
+    return f"{weight}%" if served is None else f"{weight}% (served {served * 100:.3g}%)"
 
 
-def format_metric(metric: str, value: float | None) -> str:
-    """A figure as a person reads it: rates in %, seconds in ms, counts whole, the rest (ratios,
-    means) with 2 decimals.
-
-    The unit comes from the analysis' metric name (`error rate`, `p95 latency (s)`,
-    `canary restarts`) because a row carries no unit of its own.
-    """
+def format_metric(unit: MetricUnit, value: float | None) -> str:
+    """A figure in its UNIT as a person reads it: ratios in %, seconds in ms, counts whole,
+    the rest (means, ratios of means) with 2 decimals."""
     if value is None:
         return "-"
-    unit = metric_unit(metric)
     if unit == "ratio":
         return f"{value * 100:.2f}%"
     if unit == "seconds":
@@ -113,9 +109,9 @@ def analysis_rows(analysis: Analysis) -> list[dict[str, Any]]:
     """One row per metric with its figures formatted for people."""
     return [
         {
-            "metric": metric_name(m.metric),
-            "stable": format_metric(m.metric, m.stable),
-            "canary": format_metric(m.metric, m.canary),
+            "metric": m.metric,
+            "stable": format_metric(m.unit, m.stable),
+            "canary": format_metric(m.unit, m.canary),
             "limit": m.limit,
             "verdict": m.verdict,
             "note": m.note,
@@ -143,7 +139,8 @@ def status_text(rollout: RolloutOut) -> str:
         "rollout": f"{rollout.id} of {rollout.deployment}",
         "kind": rollout.kind,
         "state": rollout.state,
-        "step": f"{rollout.step}/{len(rollout.steps)} at {rollout.weight}%",
+        "step": f"{rollout.step}/{len(rollout.steps)} at "
+        + weight_text(rollout.weight, rollout.served),
         "plan": plan(rollout.steps),
         "phase": rollout.phase,
     }

@@ -69,7 +69,19 @@ class RestartStage(StrEnum):
     STARTING = "starting"
 
 
-Verdict = Literal["pass", "fail", "inconclusive"]
+# An interval's verdict, and each metric's. `starved`: the canary served far less than its
+# weight (`controlplane.rollouts.analysis.is_starved`), so its figures cannot be judged.
+Verdict = Literal["pass", "fail", "inconclusive", "starved"]
+# What an analysis figure is measured in, so every view shows it alike: ratio (a share or rate:
+# shown in %), seconds (shown in ms), count (whole), number (a mean or ratio of means).
+MetricUnit = Literal["ratio", "seconds", "count", "number"]
+# The units of the rows stored before rows carried one (their names said it).
+_UNITS_OF_OLD_ROWS: dict[str, MetricUnit] = {
+    "error rate": "ratio",
+    "p95 latency (s)": "seconds",
+    "p95 TTFT (s)": "seconds",
+    "canary restarts": "count",
+}
 
 # The plan when none is given: the --canary weight, then these, the last always 100.
 DEFAULT_LATER_STEPS = (50, 100)
@@ -155,11 +167,20 @@ class MetricVerdict(ApiModel):
     """One row of an analysis: a metric of each pool, the limit, and what it says."""
 
     metric: str
+    unit: MetricUnit = Field(description="what `stable` and `canary` are measured in")
     stable: float | None
     canary: float | None
     limit: str = Field(description="the rule, e.g. '<= stable + 0.01' or '<= 1.25x stable'")
     verdict: Verdict
     note: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unit_of_old_rows(cls, data: Any) -> Any:
+        # Analyses are stored as written; those from before `unit` get theirs by name.
+        if isinstance(data, dict) and "unit" not in data:
+            return {**data, "unit": _UNITS_OF_OLD_ROWS.get(data.get("metric", ""), "number")}
+        return data
 
 
 class Analysis(ApiModel):
@@ -208,6 +229,11 @@ class RolloutOut(ApiModel):
     step: int = Field(description="1-based step; 0 before the first step's canary is ready")
     steps: list[int] = Field(description="the plan's weights")
     weight: int = Field(description="percent of requests the canary gets now")
+    served: float | None = Field(
+        default=None,
+        description="the canary's share (0..1) of the requests the gateways served since this "
+        "interval began, to set against `weight`; None: not analysing, or no requests yet",
+    )
     from_: str = Field(alias="from", description="MODEL:VERSION before")
     to: str = Field(description="MODEL:VERSION after")
     engine_config_changed: bool

@@ -7,9 +7,12 @@ tests agree on every character.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from protocol.metric_units import metric_unit
 from runtime.durations import format_duration
+
+if TYPE_CHECKING:
+    from protocol.rollouts import MetricUnit
 
 NA = "N/A"
 NONE = "-"
@@ -110,12 +113,16 @@ def bar(fraction: float | None, width: int = 10) -> str:
     return "█" * filled + "░" * (width - filled)
 
 
-def metric(name: str, value: float | None) -> str:
-    """An analysis figure in its unit, read from the metric's name: rates in %, latencies in ms,
-    counts whole, ratios with 2 decimals."""
+def served(weight: int, share: float | None) -> str:
+    """The canary's weight and the share of requests it was served: `20% (served 2%)`."""
+    return f"{weight}%" if share is None else f"{weight}% (served {share * 100:.3g}%)"
+
+
+def metric(unit: MetricUnit, value: float | None) -> str:
+    """An analysis figure in its UNIT: ratios in %, seconds in ms, counts whole, the rest
+    (means, ratios of means) with 2 decimals."""
     if value is None:
         return NONE
-    unit = metric_unit(name)
     if unit == "ratio":
         return ratio_percent(value)
     if unit == "seconds":

@@ -39,7 +39,9 @@ _ROLLOUT_STATES: dict[str, Level] = {
     RolloutState.ABORTED: "bad",
     RolloutState.ROLLED_BACK: "bad",
 }
-_VERDICTS: dict[str, Level] = {"pass": "ok", "fail": "bad", "inconclusive": "warn"}
+_VERDICTS: dict[str, Level] = {
+    "pass": "ok", "fail": "bad", "inconclusive": "warn", "starved": "warn",
+}  # fmt: skip
 _CHECKS: dict[str, Level] = {"pass": "ok", "warn": "warn", "fail": "bad"}
 
 
@@ -85,7 +87,7 @@ def rollout_state(state: str) -> Level:
 
 
 def verdict(value: str) -> Level:
-    """An analysis verdict: pass green, fail red, inconclusive yellow."""
+    """An analysis verdict: pass green, fail red, inconclusive and starved yellow."""
     return _VERDICTS.get(value, "idle")
 
 

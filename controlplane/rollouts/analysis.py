@@ -6,6 +6,15 @@ a canary whose decoding got slower is a regression even when it answers every re
 requests in either pool makes the whole interval inconclusive (the step is extended, never
 promoted on no data). A metric without figures on either side is inconclusive on its own and
 does not hold the step back; any failing metric fails the interval.
+
+The gateways' passive health can starve a canary: an instance that keeps failing is ejected, its
+requests go to stable, and at weight 20 it serves 2% of them. Its figures then say little (the
+few requests it got) while the operator believes a fifth of the traffic judged it. So the
+interval also sets the canary's served share against its weight: `starved` (see `is_starved`)
+when it is far below, unless a metric already fails. The controller pauses a starved rollout
+with the figures in its reason: promoting would judge a canary on nothing, extending would wait
+forever, and aborting would blame the canary for what may be a gateway's doing; the operator
+looks (`dctl_gateway_pool_share`, `dctl_gateway_ejections`) and resumes or aborts.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from datetime import datetime
 from controlplane.rollouts.ports import histogram_quantile
 from protocol.gateway import LATENCY_BUCKETS_S, VersionTraffic
 from protocol.rollout_policy import RolloutPolicy
-from protocol.rollouts import Analysis, MetricVerdict, Verdict
+from protocol.rollouts import Analysis, MetricUnit, MetricVerdict, Verdict
 
 # Latency ratios of tiny figures are noise (8 ms against 5 ms is "1.6x"): a canary fails a
 # latency or TTFT ratio only when it is also this much slower in absolute terms.
@@ -28,6 +37,10 @@ LATENCY_SLACK_S = 0.05
 # fails only when the canary has significantly more requests above the limit than the stable
 # pool's own rate at that limit (at least 5%) explains: binomial tail below this.
 SIGNIFICANCE = 0.01
+# A canary is starved when it served under this fraction of its weight's share of the requests,
+# over at least the policy's `min_requests` requests in both pools together, and the shortfall
+# is significant (so a low weight over few requests, where 0 canary requests is likely, is not).
+STARVED_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -49,16 +62,17 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
     stable_n = stable.requests if stable else 0
     canary_n = canary.requests if canary else 0
     minimum = policy.min_requests or 1
+    share = _served_share(stable_n, canary_n, interval.weight, minimum)
     metrics = [
         _error_rate(stable, canary, policy.max_error_rate_increase or 0.0, minimum),
         _latency(
-            "p95 latency (s)",
+            "p95 latency",
             stable.latency_buckets if stable else None,
             canary.latency_buckets if canary else None,
             policy.max_latency_ratio or 1.0,
         ),
         _latency(
-            "p95 TTFT (s)",
+            "p95 TTFT",
             stable.ttft_buckets if stable else None,
             canary.ttft_buckets if canary else None,
             policy.max_ttft_ratio or 1.0,
@@ -77,15 +91,19 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
         ),
         MetricVerdict(
             metric="canary restarts",
+            unit="count",
             stable=None,
             canary=float(interval.canary_restarts),
             limit="0",
             verdict="fail" if interval.canary_restarts > 0 else "pass",
         ),
+        share,
     ]
     verdict: Verdict
     if any(m.verdict == "fail" for m in metrics):
         verdict = "fail"
+    elif share.verdict == "starved":
+        verdict = "starved"
     elif min(stable_n, canary_n) < minimum:
         verdict = "inconclusive"
     else:
@@ -105,15 +123,74 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
 def failing_reason(analysis: Analysis) -> str:
     """The failing metrics with their figures, for an abort's reason."""
     parts = [
-        f"{m.metric} {_figure(m.canary)} vs stable {_figure(m.stable)} (limit {m.limit})"
+        f"{m.metric} {_figure(m.canary, m.unit)} vs stable {_figure(m.stable, m.unit)} "
+        f"(limit {m.limit})"
         for m in analysis.metrics
         if m.verdict == "fail"
     ]
     return "; ".join(parts)
 
 
-def _figure(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+def starved_reason(analysis: Analysis) -> str:
+    """Why a starved interval cannot be judged, with the figures, for the pause's reason."""
+    return (
+        f"starved: the canary served {analysis.canary_requests} of "
+        f"{analysis.canary_requests + analysis.stable_requests} requests "
+        f"({_percent(served_share(analysis.stable_requests, analysis.canary_requests))}) at weight "
+        f"{analysis.weight}%, too few to judge it; the gateways may be ejecting it "
+        "(dctl_gateway_pool_share, dctl_gateway_ejections): resume or abort"
+    )
+
+
+def _figure(value: float | None, unit: MetricUnit) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g} s" if unit == "seconds" else f"{value:.4g}"
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.3g}%"
+
+
+def served_share(stable_requests: int, canary_requests: int) -> float | None:
+    """The canary's share of the requests both pools served (None: no requests)."""
+    total = stable_requests + canary_requests
+    return canary_requests / total if total > 0 else None
+
+
+def is_starved(stable_requests: int, canary_requests: int, weight: int, minimum: int) -> bool:
+    """Whether a canary at WEIGHT percent served far less than that: under `STARVED_FRACTION` of
+    its weight, over at least MINIMUM requests in both pools, and with so few canary requests
+    that a fair split at WEIGHT would give as few less than `SIGNIFICANCE` of the time."""
+    total = stable_requests + canary_requests
+    if total < minimum or not 0 < weight < 100:
+        return False
+    expected = weight / 100
+    if canary_requests >= total * expected * STARVED_FRACTION:
+        return False
+    # P(X <= k) for X ~ Binomial(total, expected), the chance of so few under a fair split, as
+    # the upper tail of the stable pool's count (k + 1 terms to sum, no 1 - p cancellation).
+    stable_tail = binomial_tail(total, total - canary_requests, 1.0 - expected)
+    return stable_tail < SIGNIFICANCE
+
+
+def _served_share(stable_n: int, canary_n: int, weight: int, minimum: int) -> MetricVerdict:
+    """Each pool's share of the requests, the canary's against its weight."""
+    canary = served_share(stable_n, canary_n)
+    stable = None if canary is None else 1.0 - canary
+    limit = f">= {STARVED_FRACTION:g}x weight ({weight}%)"
+    note = f"{canary_n} of {stable_n + canary_n} requests"
+    verdict: Verdict
+    if is_starved(stable_n, canary_n, weight, minimum):
+        verdict = "starved"
+    elif stable_n + canary_n < minimum:
+        verdict = "inconclusive"
+    else:
+        verdict = "pass"
+    return MetricVerdict(
+        metric="served share", unit="ratio", stable=stable, canary=canary, limit=limit,
+        verdict=verdict, note=note,
+    )  # fmt: skip
 
 
 def _error_rate(
@@ -126,6 +203,7 @@ def _error_rate(
     if s is None or c is None:
         return MetricVerdict(
             metric="error rate",
+            unit="ratio",
             stable=s,
             canary=c,
             limit=limit,
@@ -140,12 +218,14 @@ def _error_rate(
         errors = canary.errors if canary else 0
         certain = errors / minimum - s > increase
         return MetricVerdict(
-            metric="error rate", stable=s, canary=c, limit=limit,
+            metric="error rate", unit="ratio", stable=s, canary=c, limit=limit,
             verdict="fail" if certain else "inconclusive",
             note=f"{n} requests, {errors} errors",
         )  # fmt: skip
     verdict: Verdict = "fail" if c - s > increase else "pass"
-    return MetricVerdict(metric="error rate", stable=s, canary=c, limit=limit, verdict=verdict)
+    return MetricVerdict(
+        metric="error rate", unit="ratio", stable=s, canary=c, limit=limit, verdict=verdict
+    )
 
 
 def _latency(
@@ -157,19 +237,24 @@ def _latency(
     c = histogram_quantile(0.95, canary) if canary else None
     if s is None or c is None or s <= 0 or stable is None or canary is None:
         return MetricVerdict(
-            metric=metric, stable=s, canary=c, limit=limit, verdict="inconclusive",
-            note="no figures",
+            metric=metric, unit="seconds", stable=s, canary=c, limit=limit,
+            verdict="inconclusive", note="no figures",
         )  # fmt: skip
     bound = s * ratio
     if c <= bound or c - s <= LATENCY_SLACK_S:
-        return MetricVerdict(metric=metric, stable=s, canary=c, limit=limit, verdict="pass")
+        return MetricVerdict(
+            metric=metric, unit="seconds", stable=s, canary=c, limit=limit, verdict="pass"
+        )
     n = sum(canary)
     slow = round(share_above(canary, bound) * n)
     expected = max(share_above(stable, bound), 0.05)
     p_value = binomial_tail(n, slow, expected)
     verdict: Verdict = "fail" if p_value < SIGNIFICANCE else "pass"
     note = f"{slow}/{n} above the limit, p={p_value:.2g}"
-    return MetricVerdict(metric=metric, stable=s, canary=c, limit=limit, verdict=verdict, note=note)
+    return MetricVerdict(
+        metric=metric, unit="seconds", stable=s, canary=c, limit=limit, verdict=verdict,
+        note=note,
+    )  # fmt: skip
 
 
 def share_above(buckets: Sequence[int], value: float) -> float:
@@ -216,6 +301,7 @@ def _ratio_at_most(
     if stable is None or canary is None or stable <= 0:
         return MetricVerdict(
             metric=metric,
+            unit="number",
             stable=stable,
             canary=canary,
             limit=limit,
@@ -223,7 +309,9 @@ def _ratio_at_most(
             note="no figures",
         )
     verdict: Verdict = "fail" if canary > stable * ratio else "pass"
-    return MetricVerdict(metric=metric, stable=stable, canary=canary, limit=limit, verdict=verdict)
+    return MetricVerdict(
+        metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
+    )
 
 
 def _ratio_at_least(
@@ -233,6 +321,7 @@ def _ratio_at_least(
     if stable is None or canary is None or stable <= 0:
         return MetricVerdict(
             metric=metric,
+            unit="number",
             stable=stable,
             canary=canary,
             limit=limit,
@@ -240,4 +329,6 @@ def _ratio_at_least(
             note="no figures",
         )
     verdict: Verdict = "fail" if canary < stable * ratio else "pass"
-    return MetricVerdict(metric=metric, stable=stable, canary=canary, limit=limit, verdict=verdict)
+    return MetricVerdict(
+        metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
+    )

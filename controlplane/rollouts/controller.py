@@ -33,7 +33,7 @@ from sqlmodel import Session, col, select
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Instance, ModelVersion, Rollout
 from controlplane.rollouts import transitions as tr
-from controlplane.rollouts.analysis import Interval, analyse, failing_reason
+from controlplane.rollouts.analysis import Interval, analyse, failing_reason, starved_reason
 from controlplane.rollouts.notify import Notice, Notifier
 from controlplane.rollouts.ports import bump_generation, deployment_traffic, replan_deployment
 from controlplane.rollouts.progress import Promotion
@@ -299,6 +299,22 @@ class RolloutController:
                     RolloutState.ABORTED,
                     f"step {result.step}: {reason}",
                 )
+            return
+        if result.verdict == "starved":
+            # Not judgeable, and not the canary's fault for sure: the operator decides
+            # (the analysis module's docstring says why this pauses).
+            reason = f"step {result.step}: {starved_reason(result)}"
+            tr.pause(session, now, ACTOR, rollout, reason)
+            record_event(
+                session,
+                now,
+                ACTOR,
+                "rollout.paused",
+                tr.subject(deployment),
+                f"rollout {rollout.id} of deployment {deployment.name} paused: {reason}",
+                rollout=rollout.id,
+                step=result.step,
+            )
             return
         if result.verdict == "inconclusive":
             rollout.message = (

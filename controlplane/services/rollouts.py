@@ -20,6 +20,7 @@ from controlplane.services.deployments import checked_engine_config, get_deploym
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
 from controlplane.services.placement import load_versions, surge_problems
+from controlplane.services.traffic import canary_share
 from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
@@ -491,6 +492,10 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
         step=min(step, len(weights)) if weights else 0,
         steps=weights,
         weight=rollout.canary_weight,
+        # Only while a step is timed (analysing): the requests its next analysis will judge.
+        served=canary_share(session, now, deployment.name, rollout.step_started_at)
+        if active and rollout.step_started_at is not None
+        else None,
         from_=tr.label(session, rollout.from_version_id),
         to=tr.label(session, rollout.to_version_id),
         engine_config_changed=rollout.engine_config is not None,

@@ -286,6 +286,19 @@ def deployment_traffic(
     )
 
 
+def canary_share(session: Session, now: datetime, name: str, since: datetime) -> float | None:
+    """The canary pool's share of deployment NAME's requests in the windows from SINCE to NOW
+    (whole windows, as an analysis counts them; at most `MAX_RANGE`): the split clients got,
+    to set against the canary's weight. None without requests."""
+    since = max(since, now - MAX_RANGE)
+    if since >= now:
+        return None
+    traffic = deployment_traffic(session, now, name, since, now, whole_windows=True)
+    total = sum(v.requests for v in traffic.versions)
+    canary = sum(v.requests for v in traffic.versions if v.pool == "canary")
+    return canary / total if total else None
+
+
 def _diffusion_means(
     session: Session, deployment_id: int, since: datetime, until: datetime
 ) -> dict[int, dict[str, float]]:

@@ -58,10 +58,10 @@ def record(**changes: Any) -> dict[str, Any]:
             "stable_requests": 120,
             "canary_requests": 40,
             "metrics": [
-                metric("error rate", 0.004, 0.012, "<= stable + 0.01", "pass"),
-                metric("p95 latency (s)", 0.85, 1.2, "<= 1.25x stable", "fail"),
-                metric("steps per block", 4.0, None, "<= 1.15x stable", "inconclusive"),
-                metric("canary restarts", None, 0.0, "0", "pass"),
+                metric("error rate", "ratio", 0.004, 0.012, "<= stable + 0.01", "pass"),
+                metric("p95 latency", "seconds", 0.85, 1.2, "<= 1.25x stable", "fail"),
+                metric("steps per block", "number", 4.0, None, "<= 1.15x stable", "inconclusive"),
+                metric("canary restarts", "count", None, 0.0, "0", "pass"),
             ],
         },
         "reason": "",
@@ -78,10 +78,10 @@ def record(**changes: Any) -> dict[str, Any]:
 
 
 def metric(
-    name: str, stable: float | None, canary: float | None, limit: str, verdict: str
+    name: str, unit: str, stable: float | None, canary: float | None, limit: str, verdict: str
 ) -> dict[str, Any]:
     note = "no figures" if verdict == "inconclusive" else ""
-    return {"metric": name, "stable": stable, "canary": canary, "limit": limit,
+    return {"metric": name, "unit": unit, "stable": stable, "canary": canary, "limit": limit,
             "verdict": verdict, "note": note}  # fmt: skip
 
 
@@ -413,6 +413,21 @@ def test_status_text_shows_the_step_the_analysis_and_the_instances() -> None:
     assert rows["canary restarts"][2:4] == ["-", "0"]
     assert "analysis of step 2 at 50%" in text and "fail (120 stable, 40 canary" in text
     assert "METRIC" in text and "VERDICT" in text and "POOL" in text and "RESTARTS" in text
+
+
+def test_status_text_shows_the_share_the_canary_was_served_beside_its_weight() -> None:
+    # Weight 50, but the gateways ejected the canary: clients got 2% of it.
+    text = status_text(RolloutOut.model_validate(record(served=0.02)))
+    assert "step:      2/3 at 50% (served 2%)" in text
+    starved = metric("served share", "ratio", 0.98, 0.02, ">= 0.5x weight (50%)", "starved")
+    text = status_text(
+        RolloutOut.model_validate(
+            record(analysis={**record()["analysis"], "verdict": "starved", "metrics": [starved]})
+        )
+    )
+    rows = {line.split("  ")[0]: line.split() for line in text.splitlines() if "  " in line}
+    assert rows["served share"][2:4] == ["98.00%", "2.00%"] and "starved" in rows["served share"]
+    assert ": starved (120 stable, 40 canary" in text
 
 
 def test_a_final_record_shows_no_countdown() -> None:

@@ -13,7 +13,9 @@ from controlplane.rollouts.analysis import (
     analyse,
     binomial_tail,
     failing_reason,
+    is_starved,
     share_above,
+    starved_reason,
 )
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, VersionTraffic
 from protocol.rollout_policy import DEFAULT_POLICY
@@ -38,8 +40,10 @@ def pool(version: str, latency: list[int], errors: int = 0, **extra: Any) -> Ver
     )  # fmt: skip
 
 
-def judge(stable: VersionTraffic, canary: VersionTraffic, restarts: int = 0) -> Any:
-    interval = Interval(NOW, NOW, 1, 10, stable, canary, restarts)
+def judge(
+    stable: VersionTraffic, canary: VersionTraffic, restarts: int = 0, weight: int = 10
+) -> Any:
+    interval = Interval(NOW, NOW, 1, weight, stable, canary, restarts)
     result = analyse(interval, DEFAULT_POLICY)
     return result, {m.metric: m for m in result.metrics}
 
@@ -64,13 +68,13 @@ def test_a_slower_canary_fails_but_a_few_slow_requests_do_not() -> None:
     stable = pool("m:v1", buckets(s0_04=600, s0_8=20))
     slow = pool("m:v2", buckets(s0_8=60))
     result, by = judge(stable, slow)
-    assert result.verdict == "fail" and by["p95 latency (s)"].verdict == "fail"
+    assert result.verdict == "fail" and by["p95 latency"].verdict == "fail"
     assert "p95 latency" in failing_reason(result)
     # 46 requests of which 4 hit the same host pause as stable's: a noisy p95, not a regression.
     unlucky = pool("m:v2", buckets(s0_04=42, s0_8=4))
     result, by = judge(stable, unlucky)
-    assert by["p95 latency (s)"].canary is not None and by["p95 latency (s)"].canary > 0.3
-    assert by["p95 latency (s)"].verdict == "pass" and result.verdict == "pass"
+    assert by["p95 latency"].canary is not None and by["p95 latency"].canary > 0.3
+    assert by["p95 latency"].verdict == "pass" and result.verdict == "pass"
 
 
 def test_error_rate_restarts_and_too_few_requests() -> None:
@@ -103,3 +107,55 @@ def test_few_canary_requests_fail_only_when_their_errors_already_break_the_limit
     # 10 requests, 0 errors: too few to say anything.
     result, by = judge(stable, pool("m:v2", buckets(s0_04=10)))
     assert by["error rate"].verdict == "inconclusive" and result.verdict == "inconclusive"
+
+
+def test_every_row_carries_its_unit() -> None:
+    stable = pool("m:v1", buckets(s0_04=100), steps_per_block=4.0, tokens_per_forward=4.0)
+    canary = pool("m:v2", buckets(s0_04=40), steps_per_block=4.0, tokens_per_forward=4.0)
+    _, by = judge(stable, canary)
+    assert {name: m.unit for name, m in by.items()} == {
+        "error rate": "ratio",
+        "p95 latency": "seconds",
+        "p95 TTFT": "seconds",
+        "steps per block": "number",
+        "tokens per forward": "number",
+        "canary restarts": "count",
+        "served share": "ratio",
+    }
+
+
+def test_a_canary_served_far_less_than_its_weight_is_starved() -> None:
+    # Weight 20, but the gateways ejected it: 14 of 700 requests (2%).
+    stable, canary = pool("m:v1", buckets(s0_04=686)), pool("m:v2", buckets(s0_04=14))
+    result, by = judge(stable, canary, weight=20)
+    assert result.verdict == "starved"
+    share = by["served share"]
+    assert share.verdict == "starved" and share.canary == pytest.approx(0.02)
+    assert share.stable == pytest.approx(0.98) and share.note == "14 of 700 requests"
+    reason = starved_reason(result)
+    assert "14 of 700 requests (2%) at weight 20%" in reason
+    # The same split at its weight is judged as usual.
+    fair = pool("m:v2", buckets(s0_04=170))
+    result, by = judge(stable, fair, weight=20)
+    assert result.verdict == "pass" and by["served share"].verdict == "pass"
+
+
+def test_errors_that_fail_the_canary_outrank_starved() -> None:
+    stable = pool("m:v1", buckets(s0_04=686))
+    result, by = judge(stable, pool("m:v2", buckets(s0_04=14), errors=12), weight=20)
+    assert by["served share"].verdict == "starved" and result.verdict == "fail"
+
+
+def test_starved_means_under_half_the_weight_significantly_over_enough_requests() -> None:
+    minimum = 30
+    # Under half the weight over many requests.
+    assert is_starved(990, 10, 5, minimum)  # 1% at weight 5
+    # At half the weight or above: not starved, however many requests.
+    assert not is_starved(900, 100, 20, minimum)  # 10% at weight 20
+    # Too few requests in both pools together to say.
+    assert not is_starved(25, 0, 50, minimum)
+    # A low weight over few requests: none to the canary happens often by chance (13% here).
+    assert not is_starved(200, 0, 1, minimum)
+    assert is_starved(2000, 0, 1, minimum)
+    # No weight to fall short of (promoting, or a canary at 0).
+    assert not is_starved(1000, 0, 100, minimum) and not is_starved(1000, 0, 0, minimum)

@@ -565,3 +565,43 @@ def test_a_host_may_download_the_version_it_pre_stages_and_no_other(
     assert start(api).status_code == 201  # staging: no instance runs v2 yet
     assert api.call("GET", path, agent).status_code != 403
     assert api.call("GET", path, other).status_code == 403
+
+
+def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
+    api: Api, fleet: tuple[str, str]
+) -> None:
+    # Weight 25, but the gateways' passive health ejects the canary: 2 requests in 100 reach it.
+    agent, gateway = fleet
+    assert start(api, canary=25).status_code == 201
+    tick(api)
+    ready_round(api, agent)
+    assert status(api).served is None  # no request yet
+    for _ in range(3):
+        api.clock.advance(INTERVAL / 6)
+        report(api, agent)
+        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
+        tick(api)
+    out = status(api)
+    assert (out.state, out.weight) == ("progressing", 25)
+    assert out.served == pytest.approx(0.02)  # beside the weight, before any analysis
+    for _ in range(3):
+        api.clock.advance(INTERVAL / 6)
+        report(api, agent)
+        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
+        tick(api)
+    out = status(api)
+    # Not judged on 12 requests, not extended forever: paused for the operator, saying why.
+    assert (out.state, out.step, out.weight) == ("paused", 1, 25)
+    assert out.analysis is not None and out.analysis.verdict == "starved"
+    assert "starved" in out.reason and "12 of 600 requests (2%) at weight 25%" in out.reason
+    share = {m.metric: m for m in out.analysis.metrics}["served share"]
+    assert (share.unit, share.verdict, share.canary) == ("ratio", "starved", pytest.approx(0.02))
+    events = api.as_admin("GET", f"{V}/events", params={"kind": "rollout.paused"}).json()
+    assert any("starved" in e["message"] for e in events["items"])
+    # Resumed, a canary served its weight is judged as usual.
+    resumed = api.as_admin("POST", f"{V}/deployments/web/rollout/resume", json={})
+    assert resumed.status_code == 200, resumed.text
+    serve_interval(api, agent, gateway, stable=(75, 0), canary=(25, 0))
+    out = status(api)
+    assert out.state == "progressing" and out.analysis is not None
+    assert out.analysis.verdict == "pass" and out.step == 2

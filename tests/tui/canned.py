@@ -115,10 +115,10 @@ DEPLOYMENT = {
     "canary_weight": 10,
 }
 METRICS = [
-    ("error rate", 0.001, 0.002, "<= stable + 0.01", "pass"),
-    ("p95 latency (s)", 0.41, 0.47, "<= 1.25x stable", "pass"),
-    ("tokens per forward", 2.1, None, ">= 0.9x stable", "inconclusive"),
-    ("canary restarts", 0.0, 1.0, "<= 0", "fail"),
+    ("error rate", "ratio", 0.001, 0.002, "<= stable + 0.01", "pass"),
+    ("p95 latency", "seconds", 0.41, 0.47, "<= 1.25x stable", "pass"),
+    ("tokens per forward", "number", 2.1, None, ">= 0.9x stable", "inconclusive"),
+    ("canary restarts", "count", 0.0, 1.0, "<= 0", "fail"),
 ]
 ANALYSIS = {
     "time": at(30),
@@ -129,8 +129,8 @@ ANALYSIS = {
     "stable_requests": 900,
     "canary_requests": 100,
     "metrics": [
-        {"metric": m, "stable": s, "canary": c, "limit": lim, "verdict": v}
-        for m, s, c, lim, v in METRICS
+        {"metric": m, "unit": u, "stable": s, "canary": c, "limit": lim, "verdict": v}
+        for m, u, s, c, lim, v in METRICS
     ],
 }
 
@@ -144,6 +144,7 @@ def rollout(id_: int, state: str, ago: float, reason: str, **extra: Any) -> dict
         "step": 1,
         "steps": [10, 50, 100],
         "weight": 10,
+        "served": 0.095,
         "from": "demo:v1",
         "to": "demo:v2",
         "engine_config_changed": False,

@@ -32,7 +32,9 @@ def test_states_map_to_colours() -> None:
     assert health.instance_state("starting") == "warn"
     assert health.instance_state("crash_loop") == "bad"
     assert health.instance_state("stopped") == "idle"
-    assert [health.verdict(v) for v in ("pass", "fail", "inconclusive")] == ["ok", "bad", "warn"]
+    assert [health.verdict(v) for v in ("pass", "fail", "inconclusive", "starved")] == [
+        "ok", "bad", "warn", "warn"
+    ]  # fmt: skip
     assert health.rollout_state(RolloutState.PROMOTED) == "ok"
     assert health.rollout_state(RolloutState.ABORTED) == "bad"
 
@@ -108,9 +110,11 @@ def test_formats() -> None:
     assert fmt.bar(None, 5) == "N/A  "
     assert fmt.sparkline([0, 50, 100], top=100) == "▁▅█"
     assert fmt.sparkline([]) == ""
-    assert fmt.metric("error rate", 0.0025) == "0.25%"
-    assert fmt.metric("p95 latency (s)", 0.41) == "410 ms"
-    assert fmt.metric("canary restarts", 1.0) == "1"
+    assert fmt.metric("ratio", 0.0025) == "0.25%"
+    assert fmt.metric("seconds", 0.41) == "410 ms"
+    assert fmt.metric("count", 1.0) == "1"
+    assert fmt.metric("number", 2.125) == "2.12"
+    assert fmt.served(20, 0.02) == "20% (served 2%)" and fmt.served(20, None) == "20%"
 
 
 def test_traffic_summary_over_versions() -> None:

@@ -66,7 +66,9 @@ def rollout_text(rollout: RolloutOut | None) -> Text:
         f"  {rollout.phase}",
     )
     text.append("\n")
-    text.append_text(progress(rollout.step, len(rollout.steps), rollout.weight))
+    text.append_text(
+        progress(rollout.step, len(rollout.steps), rollout.weight, served=rollout.served)
+    )
     left = fmt.duration(rollout.time_left_s) if rollout.time_left_s is not None else fmt.NONE
     text.append(f"  time left {left}")
     text.append(f"\ncanary {rollout.canary_ready}/{rollout.canary_instances} ready")
@@ -150,8 +152,8 @@ class DeploymentDetailScreen(ViewScreen):
                     m.metric,
                     (
                         m.metric,
-                        fmt.metric(m.metric, m.stable),
-                        fmt.metric(m.metric, m.canary),
+                        fmt.metric(m.unit, m.stable),
+                        fmt.metric(m.unit, m.canary),
                         m.limit,
                         styled(m.verdict, health.verdict(m.verdict)),
                         m.note,

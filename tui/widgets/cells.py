@@ -51,10 +51,13 @@ def spark(
     return Text(line, style=style) if line else Text(fmt.NONE, style="dim")
 
 
-def progress(step: int, steps: int, weight: int, width: int = 20) -> Text:
-    """`step k/n` with a bar of the steps done and the canary's current weight."""
+def progress(
+    step: int, steps: int, weight: int, width: int = 20, served: float | None = None
+) -> Text:
+    """`step k/n` with a bar of the steps done and the canary's current weight, with the share
+    of requests it was SERVED when known (`20% (served 2%)`)."""
     fraction = step / steps if steps else 0.0
     text = Text(f"step {step}/{steps} ")
     text.append(fmt.bar(fraction, width), style="green")
-    text.append(f" {weight}%")
+    text.append(f" {fmt.served(weight, served)}")
     return text
