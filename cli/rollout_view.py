@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from cli.exits import FAILURE, OK
 from cli.output import Column, print_fields, print_table
-from protocol.metric_units import metric_unit
 from protocol.rollouts import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutState
 from runtime.durations import format_duration
 
