@@ -53,6 +53,7 @@ from protocol.openai import (
     completion_body,
     completion_chunk,
     new_id,
+    usage_comment,
 )
 from runtime.asgi_body import until_disconnected
 
@@ -278,6 +279,7 @@ def create_app(state: ServerState) -> FastAPI:
             if first is not None:
                 yield f"data: {json.dumps(first)}\n\n"
             generated = 0
+            usage: Usage | None = None
             watch = DisconnectWatch(request)
             try:
                 async for u in served.engine.updates(
@@ -287,9 +289,9 @@ def create_app(state: ServerState) -> FastAPI:
                     if u.text_delta:
                         yield f"data: {json.dumps(frame(u.text_delta, None, None))}\n\n"
                     if u.finished:
+                        usage = usage_of(u.stats, prompt_len, generated)
                         yield f"data: {json.dumps(frame('', u.finish_reason, None))}\n\n"
                         if include_usage:
-                            usage = usage_of(u.stats, prompt_len, generated)
                             yield f"data: {json.dumps(frame('', None, usage))}\n\n"
             except RequestAbandoned:
                 return
@@ -301,6 +303,8 @@ def create_app(state: ServerState) -> FastAPI:
                 yield f"data: {json.dumps(err.body())}\n\n"
             finally:
                 watch.close()
+            # Always, asked or not: the gateway counts tokens by it (clients skip comments).
+            yield usage_comment(usage or usage_of(None, prompt_len, generated))
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(

@@ -69,7 +69,8 @@ class GatewayMetrics:
         self.retries = Counter(
             "dctl_gateway_retries",
             "Requests sent to a second instance, by deployment and why "
-            "(connect: no connection; broken: closed unanswered; unavailable: a 503).",
+            "(connect: no connection; broken: closed unanswered, or a 5xx that is no API "
+            "answer; unavailable: a 503).",
             ["deployment", "reason"],
             registry=r,
         )

@@ -4,10 +4,12 @@
 
 Nothing reaches the client before the engine's first body bytes, so until then a failed attempt
 can be repeated: once, on another instance of the same pool (else of the other pool), when the
-connection could not be made, closed unanswered, or the engine answered 503 (draining). After
-the commit nothing is retried; a failure mid-stream ends the client's response abruptly (it
-sees a truncated body, never a fake end). The client's `Authorization` never goes upstream:
-each instance gets its own API key.
+connection could not be made, closed (or was reset) unanswered, the engine answered 503
+(draining), or it answered a 5xx that is no API answer (not JSON: its HTTP server failed around
+the API, e.g. a handler cancelled by a shutdown; the API's own 5xx, such as a canary's failures,
+are the client's to see). After the commit nothing is retried; a failure mid-stream ends the
+client's response abruptly (it sees a truncated body, never a fake end). The client's
+`Authorization` never goes upstream: each instance gets its own API key.
 
 A client that disconnects cancels the forwarding, which closes the engine connection, which is
 how the engine learns to stop generating.
@@ -32,7 +34,7 @@ from gateway.balancer import Balancer
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.routes import Instance, Route, VersionPool
-from gateway.traffic import ErrorClass, TrafficWindows, UsageScanner
+from gateway.traffic import ErrorClass, TrafficWindows
 from gateway.upstream import (
     ConnectFailed,
     Exchange,
@@ -40,6 +42,7 @@ from gateway.upstream import (
     UpstreamError,
     UpstreamPool,
 )
+from gateway.usage import UsageReader
 from protocol.gateway import Pool
 from runtime.asgi_body import CLIENT_CLOSED_REQUEST, until_disconnected
 
@@ -213,6 +216,8 @@ class Proxy:
                 raise
             if exchange.status == 503:
                 raise _Retry("unavailable", "5xx", (exchange, first))
+            if exchange.status >= 500 and not _is_json(exchange.headers):
+                raise _Retry("broken", "5xx", (exchange, first))  # the instance failed, not the API
             return exchange, first
         finally:
             self.balancer.finished(instance)
@@ -229,7 +234,9 @@ class Proxy:
     ) -> Forwarded:
         """Commit: the engine's head and body to the client as they come."""
         status = exchange.status
-        scanner = UsageScanner() if status < 300 else None
+        reader: UsageReader | None = None
+        if status < 300:
+            reader = UsageReader(event_stream=_is_event_stream(exchange.headers))
         headers: Headers = [(k, v) for k, v in exchange.headers if k not in _DROPPED_HEADERS]
         headers += [
             (b"x-dctl-version", pool.version_header),
@@ -241,21 +248,23 @@ class Proxy:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             if first is not None:
                 progress.ttft_s = self._clock() - request.received_at
-                if scanner is not None:
-                    scanner.feed(first)
+                if reader is not None:
+                    first = reader.feed(first)
             if exchange.complete:
                 progress.done = True
-                await send({"type": "http.response.body", "body": first or b""})
+                await send({"type": "http.response.body", "body": _ended(first or b"", reader)})
             else:
-                await send({"type": "http.response.body", "body": first, "more_body": True})
+                if first:
+                    await send({"type": "http.response.body", "body": first, "more_body": True})
                 while (chunk := await exchange.next_chunk()) is not None:
-                    if scanner is not None:
-                        scanner.feed(chunk)
+                    if reader is not None:
+                        chunk = reader.feed(chunk)
                     if exchange.complete:  # the last bytes: one write with the body's end
                         break
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 progress.done = True
-                await send({"type": "http.response.body", "body": chunk or b""})
+                await send({"type": "http.response.body", "body": _ended(chunk or b"", reader)})
         except UpstreamError as exc:
             # Committed: the client's response ends short (uvicorn closes the connection).
             if isinstance(exc, ExchangeTimeout):
@@ -272,7 +281,7 @@ class Proxy:
             error = "5xx"
         elif status >= 400:
             error = "client_4xx"
-        tokens = scanner.tokens if scanner is not None else 0
+        tokens = reader.tokens if reader is not None else 0
         self._finish(pool, status, error, request, progress.ttft_s, tokens)
         return Forwarded(status, pool, instance, progress.retries)
 
@@ -388,6 +397,19 @@ async def _watch_disconnect(receive: Receive, progress: _Progress, task: asyncio
     if not progress.done:
         progress.client_gone = True
         task.cancel()
+
+
+def _is_event_stream(headers: Headers) -> bool:
+    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+
+
+def _is_json(headers: Headers) -> bool:
+    return any(k == b"content-type" and v.startswith(b"application/json") for k, v in headers)
+
+
+def _ended(last: bytes, reader: UsageReader | None) -> bytes:
+    """The body's last bytes, with what READER held back (no usage comment after all)."""
+    return last + reader.end() if reader is not None else last
 
 
 def _retry_order(order: tuple[VersionPool, ...], pool: VersionPool) -> tuple[VersionPool, ...]:

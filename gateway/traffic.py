@@ -7,15 +7,14 @@ when the post fails for a reason that may pass (control plane down, overloaded, 
 fixed) it merges them back, so nothing is lost, and memory stays bounded by the number of
 (deployment, version, pool) keys (at most `MAX_WINDOWS`), not by the length of the outage.
 
-Output tokens come from the engines' own usage reports, found as bodies stream past
-(`UsageScanner`): the gateway never parses an answer whole.
+Output tokens come from the engines' own usage reports, read as answers stream past
+(`gateway.usage.UsageReader`): the gateway never parses an answer whole.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,12 +42,6 @@ MAX_WINDOWS = 4096  # a report's limit (`TrafficReport.windows`)
 _RETRYABLE_STATUSES = {401, 403, 408, 429}
 
 
-# The engine's usage report; cannot match inside a JSON string (its quotes would be escaped).
-_USAGE_KEY = b'"completion_tokens"'
-_USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_USAGE_TAIL = 48  # bytes kept between chunks so a match split across two is still found
-
-
 def bucket_index(seconds: float) -> int:
     """The bucket SECONDS falls in: the first bound >= it, or the last (+Inf) bucket."""
     return bisect_left(LATENCY_BUCKETS_S, seconds)
@@ -56,26 +49,6 @@ def bucket_index(seconds: float) -> int:
 
 # One window's counts while they accumulate.
 Counts = Tally
-
-
-class UsageScanner:
-    """Finds `usage.completion_tokens` in a response body as it streams past (the last one wins:
-    a stream's usage chunk, when the client asked for `include_usage`, comes last)."""
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self._tail = b""
-
-    def feed(self, chunk: bytes) -> None:
-        """Scan the next CHUNK of the body."""
-        data = self._tail + chunk if self._tail else chunk
-        if _USAGE_KEY in data:  # most chunks hold none: a substring test is far cheaper
-            last = None
-            for last in _USAGE_RE.finditer(data):  # noqa: B007 - the last match is the one wanted
-                pass
-            if last is not None:
-                self.tokens = int(last.group(1))
-        self._tail = data[-_USAGE_TAIL:]
 
 
 @dataclass

@@ -328,3 +328,16 @@ def chat_chunk(
     if usage is not None:
         chunk["usage"] = usage.model_dump()
     return chunk
+
+
+# The engine ends every stream with this SSE comment line (before `data: [DONE]`) carrying the
+# request's `Usage`, whether or not the client asked for `stream_options.include_usage`: the
+# gateway counts every request's tokens from it and takes it out of what the client gets. SSE
+# clients (the OpenAI SDK, httpx-sse, browsers) skip comment lines, so a client talking to the
+# engine directly sees the same events.
+USAGE_COMMENT_PREFIX = b": usage "
+
+
+def usage_comment(usage: Usage) -> str:
+    """The stream's closing usage comment: `: usage {...}` and the blank line ending it."""
+    return f"{USAGE_COMMENT_PREFIX.decode()}{usage.model_dump_json()}\n\n"

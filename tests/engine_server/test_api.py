@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -12,6 +13,7 @@ import pytest
 
 from engine.llm import LLM
 from engine.params import SamplingParams
+from protocol.openai import USAGE_COMMENT_PREFIX, Usage
 from tests.engine_server.conftest import MODEL, ServerProcess
 
 PROMPTS = [
@@ -106,7 +108,8 @@ def test_chat_stream_sends_one_chunk_per_block_then_done(server: ServerProcess) 
     with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        events = [line.removeprefix("data: ") for line in r.iter_lines() if line]
+        # SSE comment lines (the usage comment for the gateway) are no events.
+        events = [line.removeprefix("data: ") for line in r.iter_lines() if line and line[0] != ":"]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -134,6 +137,42 @@ def test_chat_stream_equals_chat(client: openai.OpenAI) -> None:
     assert whole.choices[0].message.role == "assistant"
     assert chunks[-1].usage is not None and whole.usage is not None
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def stream_lines(server: ServerProcess, body: dict[str, Any]) -> list[str]:
+    """The non-empty lines of a streamed completion, as sent."""
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        return [line for line in r.iter_lines() if line]
+
+
+def test_every_stream_ends_with_its_usage_for_the_gateway_and_the_events_stay_the_same(
+    server: ServerProcess, client: openai.OpenAI
+) -> None:
+    body = {"model": MODEL, "prompt": PROMPTS[4], "max_tokens": 8}
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=8)
+    lines = stream_lines(server, {**body, "stream": True})
+    # Not asked for usage: no usage chunk, but the comment before [DONE] carries it.
+    *data, comment, done = lines
+    assert done == "data: [DONE]" and comment.startswith(USAGE_COMMENT_PREFIX.decode())
+    usage = Usage.model_validate_json(comment.removeprefix(USAGE_COMMENT_PREFIX.decode()))
+    assert whole.usage is not None
+    assert usage == Usage.model_validate(whole.usage.model_dump())
+    events = [json.loads(line.removeprefix("data: ")) for line in data]
+    assert all("usage" not in e for e in events)
+    text = "".join(e["choices"][0]["text"] for e in events)
+    assert text == whole.choices[0].text
+    # An SSE client never sees the comment: the same chunks as without it.
+    chunks = list(
+        client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=8, stream=True)
+    )
+    assert [c.choices[0].text for c in chunks] == [e["choices"][0]["text"] for e in events]
+    # Asked: the usage chunk the client reads says the same as the comment.
+    asked = stream_lines(
+        server, {**body, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert asked[-2] == comment
+    assert json.loads(asked[-3].removeprefix("data: "))["usage"] == usage.model_dump()
 
 
 def test_chat_uses_the_template_and_the_thinking_switch(client: openai.OpenAI, llm: LLM) -> None:

@@ -6,14 +6,21 @@ What it does is chosen per instance (`mode`: how every request is answered) or p
 it as `extra_body`):
 
     ok (default)  a completion (chat or text, by path) with `usage`; SSE when `stream` is true,
-                  with a usage chunk when `stream_options.include_usage`
+                  with a usage chunk when `stream_options.include_usage`, and always the
+                  engine's closing usage comment (`protocol.openai.usage_comment`)
     slow          SSE, `chunks` chunks (default 40) every `delay` seconds (default 0.05); with
                   `die_after` N, the connection closes after N chunks
     503 / 500     that status with an error body
+    crash         a plain-text 500 from outside the API, as uvicorn answers for a handler that
+                  was cancelled or crashed (no JSON error body)
     drop          the connection closed without an answer
+    reset         the connection reset (RST) without an answer
     hang          no answer at all (until the connection closes)
     close         a normal answer with `connection: close`
     chunked       a normal JSON answer in chunked transfer encoding
+
+A `canned_first` field instead answers so only the first attempt at a request (by request id,
+across all canned engines): the gateway's retry elsewhere gets a normal answer.
 
 It records what it saw (`requests`), how many connections it accepted, and the request ids of
 requests whose connection the gateway closed before the end (`cut_short`: streams and hangs).
@@ -25,6 +32,7 @@ import asyncio
 import json
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Coroutine
@@ -34,8 +42,11 @@ from typing import Any, TypeVar
 
 import httptools
 
+from protocol.openai import Usage, usage_comment
+
 T = TypeVar("T")
 COMPLETION_TOKENS = 7
+_FIRST_ATTEMPTS: set[str] = set()  # request ids a `canned_first` answer was given to
 
 
 class LoopThread:
@@ -172,6 +183,13 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def reset(self) -> None:
+        """Abort with an RST, as the kernel does for a process killed mid-request."""
+        if self.transport is not None:
+            sock = self.transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.transport.abort()
+
     def head(self, status: int, headers: dict[str, str]) -> bytes:
         lines = [f"HTTP/1.1 {status} X", f"x-canned: {self.engine.name}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
@@ -184,10 +202,20 @@ class _Connection(asyncio.Protocol):
 
     async def answer(self, request: SeenRequest) -> None:
         what = request.body.get("canned") or self.engine.mode
+        first = request.body.get("canned_first")
+        if first and request.request_id not in _FIRST_ATTEMPTS:
+            _FIRST_ATTEMPTS.add(request.request_id)
+            what = first
         if what in ("503", "500"):
             self.json_answer(int(what), {"error": {"message": f"canned {what}", "type": "x"}})
+        elif what == "crash":
+            body = b"Internal Server Error"
+            headers = {"content-type": "text/plain; charset=utf-8", "content-length": "21"}
+            self.write(self.head(500, headers) + body)
         elif what == "drop":
             self.close()
+        elif what == "reset":
+            self.reset()
         elif what == "hang":
             while not self.closed:  # until the gateway gives up on it
                 await asyncio.sleep(0.01)
@@ -221,16 +249,17 @@ class _Connection(asyncio.Protocol):
         options = request.body.get("stream_options") or {}
         if options.get("include_usage"):
             events.append({**_delta(request, ""), "choices": [], "usage": _usage()})
+        frames = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
+        # Like the engine: every stream ends with its usage comment, asked or not.
+        frames += [usage_comment(Usage(**_usage())).encode(), b"data: [DONE]\n\n"]
         die_after = int(request.body.get("die_after", -1))
-        for i, event in enumerate([*events, "[DONE]"]):
+        for i, data in enumerate(frames):
             if i == die_after:  # the engine process dies mid-stream
                 self.close()
                 return
             if self.closed:
                 self.engine.cut_short.append(request.request_id)
                 return
-            text = event if isinstance(event, str) else json.dumps(event)
-            data = f"data: {text}\n\n".encode()
             self.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             if delay:
                 await asyncio.sleep(delay)

@@ -208,6 +208,32 @@ def test_a_503_is_retried_once_then_handed_on(gateway: LiveGateway) -> None:
     assert sorted(attempts) == ["h", "i"]
 
 
+@pytest.mark.parametrize("failure", ["crash", "reset", "drop", "503"])
+def test_an_instance_failing_before_any_byte_costs_the_client_nothing(
+    gateway: LiveGateway, failure: str
+) -> None:
+    """What an engine shut down mid-request does (a cancelled handler's plain 500, a reset or
+    closed connection, a 503): the client gets the whole answer of a second attempt."""
+    for stream in (False, True):
+        answer = gateway.post("twice-model", canned_first=failure, stream=stream)
+        assert answer.status_code == 200, answer.text
+        if stream:
+            assert answer.text.endswith("data: [DONE]\n\n") and ": usage" not in answer.text
+        else:
+            assert answer.json()["choices"][0]["text"] == "hello"
+        request_id = answer.headers["x-request-id"]
+        attempts = [e.name for e in gateway.fleet.engines.values() for _ in e.seen(request_id)]
+        assert len(attempts) == 2, attempts
+
+
+def test_the_apis_own_5xx_is_the_clients_to_see(gateway: LiveGateway) -> None:
+    """A JSON 500 is the engine's answer (a canary failing on purpose): not retried."""
+    answer = gateway.post("twice-model", canned="500")
+    assert answer.status_code == 500 and answer.json()["error"]["message"] == "canned 500"
+    request_id = answer.headers["x-request-id"]
+    assert sum(len(e.seen(request_id)) for e in gateway.fleet.engines.values()) == 1
+
+
 def test_5xx_answers_pass_through_and_are_counted(gateway: LiveGateway) -> None:
     for _ in range(2):
         answer = gateway.post("errors-model", canned="500")
@@ -269,6 +295,29 @@ def test_metrics_show_the_series(gateway: LiveGateway) -> None:
     assert metrics["dctl_gateway_inflight{}"] == 0
     window = gateway.gateway.windows.peek(("solo", "solo-model:v1", "stable"))
     assert window is not None and window.output_tokens >= 2 * COMPLETION_TOKENS
+
+
+def test_streamed_tokens_count_without_include_usage_and_the_client_stream_is_unchanged(
+    gateway: LiveGateway,
+) -> None:
+    key = ("solo", "solo-model:v1", "stable")
+    labels = "deployment=solo,pinned=false,pool=stable,version=solo-model:v1"
+    tokens = f"dctl_gateway_output_tokens_total{{{labels}}}"
+    window = gateway.gateway.windows.peek(key)
+    before = (window.output_tokens if window else 0, gateway.metrics().get(tokens, 0))
+    headers = {"authorization": f"Bearer {gateway.fleet.tokens['full']}"}
+    body = {"model": "solo-model", "prompt": "hi", "stream": True}
+    with gateway.http.stream("POST", "/v1/completions", json=body, headers=headers) as answer:
+        assert answer.status_code == 200
+        raw = b"".join(answer.iter_bytes())
+    # The engine's usage comment was the gateway's to read, not the client's to get.
+    assert b": usage" not in raw
+    events = raw.split(b"\n\n")
+    assert [e.startswith(b"data: ") for e in events] == [True] * 4 + [False]
+    assert events[-2:] == [b"data: [DONE]", b""]
+    window = gateway.gateway.windows.peek(key)
+    assert window is not None and window.output_tokens - before[0] == COMPLETION_TOKENS
+    assert gateway.metrics()[tokens] - before[1] == COMPLETION_TOKENS
 
 
 def test_health_and_unknown_paths(gateway: LiveGateway) -> None:

@@ -12,7 +12,6 @@ from gateway.traffic import (
     MAX_WINDOWS,
     TrafficReporter,
     TrafficWindows,
-    UsageScanner,
     WindowKey,
     bucket_index,
 )
@@ -140,26 +139,3 @@ def test_memory_stays_bounded_by_the_number_of_windows() -> None:
     windows.record(("new", "m:1", "stable"), None, 0.1, None, 0)
     windows.merge_back(taken)
     assert len(windows.take().counts) == MAX_WINDOWS
-
-
-@pytest.mark.parametrize(
-    ("chunks", "tokens"),
-    [
-        ([b'{"usage": {"prompt_tokens": 3, "completion_tokens": 17}}'], 17),
-        ([b'{"usage": {"completion_tok', b'ens": 12', b"3}}"], 123),  # split across chunks
-        ([b'data: {"choices": [{"text": "\\"completion_tokens\\": 99"}]}\n\n'], 0),  # in a string
-        (
-            [
-                b'data: {"choices": []}\n\n',
-                b'data: {"usage": {"completion_tokens": 5}}\n\n',
-                b"data: [DONE]\n\n",
-            ],
-            5,
-        ),
-    ],
-)
-def test_output_tokens_come_from_the_usage_report(chunks: list[bytes], tokens: int) -> None:
-    scanner = UsageScanner()
-    for chunk in chunks:
-        scanner.feed(chunk)
-    assert scanner.tokens == tokens
