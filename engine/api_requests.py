@@ -41,8 +41,13 @@ def _too_much_text(param: str, chars: int, budget: int, max_seq_len: int) -> Ope
     )
 
 
-def parse_body(raw: bytes, schema: type[BaseRequest]) -> Any:
-    """Decode and validate a JSON request body against `schema`."""
+def parse_body(
+    raw: bytes, schema: type[BaseRequest], *, ignore_unknown: bool = False
+) -> tuple[Any, list[str]]:
+    """Decode and validate a JSON request body against `schema`: (the request, the unknown
+    fields dropped). Unknown fields are a 400 naming the first, unless IGNORE_UNKNOWN (the
+    engine config's `service.unknown_fields: ignore`): then they are dropped, wherever they are
+    (`stream_options.x` too), and named in the list for the metric and the log."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
@@ -52,9 +57,33 @@ def parse_body(raw: bytes, schema: type[BaseRequest]) -> Any:
     if not isinstance(data, dict):
         raise OpenAIErrorReply(400, "the request body must be a JSON object", code="invalid_json")
     try:
-        return schema.model_validate(data)
+        return schema.model_validate(data), []
+    except ValidationError as exc:
+        unknown = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+        if not ignore_unknown or not unknown or not all(_drop(data, loc) for loc in unknown):
+            raise validation_error(exc) from None
+    try:
+        return schema.model_validate(data), [".".join(map(str, loc)) for loc in unknown]
     except ValidationError as exc:
         raise validation_error(exc) from None
+
+
+def _drop(data: Any, loc: tuple[int | str, ...]) -> bool:
+    """Remove the field at LOC (a pydantic error location) from the parsed JSON DATA; False
+    where LOC is no path in it (a location inside a union names the union's member)."""
+    for key in loc[:-1]:
+        in_dict = isinstance(data, dict) and key in data
+        in_list = isinstance(data, list) and isinstance(key, int) and 0 <= key < len(data)
+        if in_dict or in_list:
+            data = data[key]
+        elif not isinstance(key, int) and isinstance(data, (dict, list)):
+            continue  # a union member's tag (`list[TextPart]`): the data has no level for it
+        else:
+            return False
+    if not isinstance(data, dict) or loc[-1] not in data:
+        return False
+    del data[loc[-1]]
+    return True
 
 
 def validation_error(exc: ValidationError) -> OpenAIErrorReply:
@@ -118,6 +147,11 @@ def sampling_params(
         min_steps=pick(body.min_steps, defaults.min_steps),
         max_steps=pick(body.max_steps, defaults.max_steps),
         thinking=thinking,
+        ignore_eos=body.ignore_eos,
+        min_tokens=pick(body.min_tokens, 0),
+        min_p=pick(body.min_p, 0.0),
+        stop_token_ids=body.stop_token_ids,
+        skip_special_tokens=body.skip_special_tokens,
     )
 
 
@@ -139,6 +173,13 @@ def check_request(
             400,
             f"prompt token ids must be in [0, {vocab_size})",
             param="prompt",
+            code="invalid_value",
+        )
+    if any(not 0 <= t < vocab_size for t in params.stop_token_ids or ()):
+        raise OpenAIErrorReply(
+            400,
+            f"stop_token_ids must be in [0, {vocab_size}): the model cannot generate the others",
+            param="stop_token_ids",
             code="invalid_value",
         )
 

@@ -124,18 +124,28 @@ class EngineCore:
             top_p=params.top_p,
             seed=params.seed,
             device=str(self.model.device),
+            min_p=params.min_p,
         )
+        decode = self.tokenizer.decode
+        if not params.skip_special_tokens:
+            decode = partial(decode, skip_special_tokens=False)
         request = Request(
             request_id=request_id,
             prompt_ids=list(prompt_token_ids),
             params=params,
             block_size=params.resolved_block_size(self.default_block_size),
             sampler=sampler,
-            detokenizer=IncrementalDetokenizer(self.tokenizer.decode),
+            detokenizer=IncrementalDetokenizer(decode),
+            stop_token_ids=self.stop_token_ids(params),
         )
         # The first block starts right after the full prompt blocks that prefill caches.
         request.open_block(request.prefill_target, self.mask_token_id)
         self.scheduler.add(request)
+
+    def stop_token_ids(self, params: SamplingParams) -> frozenset[int]:
+        """The tokens that end this request: its stop_token_ids, and EOS unless ignore_eos."""
+        own = frozenset(params.stop_token_ids or ())
+        return own if params.ignore_eos else own | self.eos_token_ids
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request; its slot is freed at the next step (unknown ids are ignored)."""
@@ -221,8 +231,12 @@ class EngineCore:
             len(request.generated),
             new_known,
             max_tokens=request.params.max_tokens,
-            eos_token_ids=self.eos_token_ids,
-            find_stop=partial(request.detokenizer.find_stop, stop=stops) if stops else None,
+            eos_token_ids=request.stop_token_ids,
+            find_stop=partial(
+                request.detokenizer.find_stop, stop=stops, min_tokens=request.params.min_tokens
+            )
+            if stops
+            else None,
         )
         if finish is None and not block_done:
             return None

@@ -84,12 +84,15 @@ class IncrementalDetokenizer:
         else:
             self._tail = window[len(self._context_text) :]
 
-    def find_stop(self, extra: Sequence[int], stop: Sequence[str]) -> StopHit | None:
+    def find_stop(
+        self, extra: Sequence[int], stop: Sequence[str], min_tokens: int = 0
+    ) -> StopHit | None:
         """The earliest stop string in the text of token_ids + extra (extra is not kept).
 
         `extra` are tokens known to be final but not fed yet (a block's unmasked prefix). Only
         text not searched by an earlier call is looked at, so calls must see a sequence that
-        only grows. The hit keeps the fewest tokens whose text reaches the stop string's end.
+        only grows. The hit keeps the fewest tokens whose text reaches the stop string's end;
+        one that ends within the first `min_tokens` tokens does not count (vLLM's rule).
         """
         tail = self._window_text(extra)[len(self._context_text) :]
         longest = max(len(s) for s in stop)
@@ -98,7 +101,9 @@ class IncrementalDetokenizer:
             region = tail[start - len(self._confirmed) :]
         else:
             region = self._confirmed[start:] + tail
-        hits = [(pos, s) for s in stop if (pos := region.find(s)) >= 0]
+        hits = sorted(
+            (pos, s) for s in stop for pos in _occurrences(region, s, every=min_tokens > 0)
+        )
         if not hits:
             # A trailing U+FFFD may still become another character: search it again next time.
             searched = len(self._confirmed) + len(tail.rstrip(REPLACEMENT))
@@ -106,8 +111,13 @@ class IncrementalDetokenizer:
                 searched, self._prefix, self._read, self._context_text, len(self._confirmed)
             )
             return None
-        pos, hit = min(hits)
-        return StopHit(self._tokens_reaching(start + pos + len(hit), extra), start + pos)
+        for pos, hit in hits:
+            tokens = self._tokens_reaching(start + pos + len(hit), extra)
+            if tokens >= min_tokens:
+                return StopHit(tokens, start + pos)
+        # Every hit ends before min_tokens: the search mark stays, so that the next call's
+        # `_tokens_reaching` still measures from text that held no stop string.
+        return None
 
     def _window_text(self, extra: Sequence[int]) -> str:
         return self._decode(self._ids[self._prefix :] + list(extra))
@@ -128,6 +138,18 @@ class IncrementalDetokenizer:
             if mark.confirmed + len(text) - len(mark.context_text) >= chars:
                 return mark.read + count
         return mark.read + len(pending)
+
+
+def _occurrences(text: str, stop: str, *, every: bool) -> list[int]:
+    """Where STOP starts in TEXT: the first place only, or EVERY place (overlaps included)."""
+    found: list[int] = []
+    pos = text.find(stop)
+    while pos >= 0:
+        found.append(pos)
+        if not every:
+            break
+        pos = text.find(stop, pos + 1)
+    return found
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,13 @@ class EngineMetrics:
         )
         for reason in ERROR_REASONS:
             self.errors.labels(reason=reason)  # export zeros, so rate() works from the start
+        # No label: the field names come from clients, so they go to the log, not to a label.
+        self.unknown_fields = Counter(
+            "dllm_request_unknown_fields",
+            "Request fields this API does not know, dropped under service.unknown_fields: "
+            "ignore (one per field per request).",
+            registry=r,
+        )
         for reason in ("stop", "length", "abort"):
             self.requests_finished.labels(finish_reason=reason)
         self.model_info = Info("dllm_model", "The model this server serves.", registry=r)

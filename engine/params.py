@@ -34,6 +34,13 @@ class SamplingParams:
     `steps=S` selects steps mode (the block finishes in exactly S steps). `min_steps` and
     `max_steps` bound the number of denoising steps of a block. `thinking` switches the chat
     template's thinking mode (None leaves the template's default).
+
+    The vLLM-style extensions: `ignore_eos` decodes past EOS (exactly `max_tokens` tokens
+    unless a stop string or stop token ends it); `min_tokens` forbids EOS and the stop tokens
+    at the first `min_tokens` positions and counts no stop string that ends before them;
+    `min_p` drops tokens less likely than min_p times the most likely one (from the draw);
+    `stop_token_ids` end the request like EOS (the token is not part of the output);
+    `skip_special_tokens=False` keeps special tokens in the text.
     """
 
     max_tokens: int = 128
@@ -48,6 +55,11 @@ class SamplingParams:
     min_steps: int = 1
     max_steps: int | None = None
     thinking: bool | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    min_p: float = 0.0
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
 
     def stop_strings(self) -> list[str]:
         """The stop strings as a list (a single string is accepted as one stop)."""
@@ -83,6 +95,7 @@ class SamplingParams:
                 "seed", f"seed must be null or an integer in [0, {MAX_SEED}], got {self.seed!r}"
             )
         self._validate_stop()
+        self._validate_extensions()
         block = self.resolved_block_size(default_block)
         if not _is_int(block) or not 1 <= block <= max_seq_len:
             raise InvalidParams(
@@ -120,6 +133,24 @@ class SamplingParams:
         needed = padded_length(prompt_len, self.max_tokens, block)
         if needed > max_seq_len:
             raise ContextLengthExceeded(limit=max_seq_len, requested=needed)
+
+    def _validate_extensions(self) -> None:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidParams(
+                "min_tokens",
+                f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], "
+                f"got {self.min_tokens!r}",
+            )
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise InvalidParams("min_p", f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
+        ids = self.stop_token_ids or []
+        if not isinstance(ids, list) or any(not _is_int(t) or t < 0 for t in ids):
+            raise InvalidParams(
+                "stop_token_ids", f"stop_token_ids must be token ids (integers >= 0), got {ids!r}"
+            )
+        for flag in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidParams(flag, f"{flag} must be true or false")
 
     def _validate_stop(self) -> None:
         stops = self.stop

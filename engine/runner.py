@@ -124,6 +124,7 @@ class ModelRunner:
             [r.sampler for r in requests],
             mask_token_id=self.mask_token_id,
             vocab_limit=self.vocab_limit,
+            banned=self._min_tokens_bans(requests),
         )
         masked_dev = masked.to(self.device)
         full_conf = torch.full(masked.shape, NOT_MASKED, device=self.device)
@@ -153,6 +154,29 @@ class ModelRunner:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _min_tokens_bans(
+        self, requests: Sequence[Request]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(logits rows, token ids) a request's `min_tokens` forbids: its stop tokens (EOS
+        unless ignore_eos, and stop_token_ids) at masked positions before its min_tokens-th
+        generated token. Rows follow `decode`'s order: requests, then masked block offsets."""
+        rows: list[int] = []
+        ids: list[int] = []
+        row = 0
+        for r in requests:
+            banned = [t for t in r.stop_token_ids if t < self.vocab_limit]
+            first_generated = r.block_start - r.prompt_len  # index of the block's offset 0
+            for offset, masked in enumerate(r.block_masked):
+                if not masked:
+                    continue
+                if banned and first_generated + offset < r.params.min_tokens:
+                    rows += [row] * len(banned)
+                    ids += banned
+                row += 1
+        if not rows:
+            return None
+        return self._long(rows), self._long(ids)
 
     def _unmask_counts(
         self, requests: Sequence[Request], confidence: torch.Tensor, masked: torch.Tensor

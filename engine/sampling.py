@@ -2,7 +2,9 @@
 
 Scores: the mask token and vocabulary rows the tokenizer does not define get -inf before
 anything else, so neither can ever be chosen. The confidence of a choice is its probability
-under softmax of these raw logits (temperature, top-k and top-p shape only the draw).
+under softmax of these raw logits (temperature, top-k, top-p and min-p shape only the draw).
+A request's `min_tokens` adds its EOS and stop tokens to the -inf set at the positions before
+`min_tokens`: they cannot be chosen there, like the mask token.
 
 Randomness is per request: each request owns a `torch.Generator` seeded once, and draws from it
 only for its own rows, in position order. A request's tokens therefore depend on its seed and
@@ -11,6 +13,7 @@ its own decoding path, never on which other requests share the batch.
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 
@@ -27,17 +30,27 @@ class RowSampler:
     top_k: int
     top_p: float
     generator: torch.Generator | None  # None for greedy requests: they draw nothing
+    min_p: float = 0.0
 
     @classmethod
     def create(
-        cls, *, temperature: float, top_k: int, top_p: float, seed: int | None, device: str
+        cls,
+        *,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        seed: int | None,
+        device: str,
+        min_p: float = 0.0,
     ) -> RowSampler:
         """A sampler for one request; an unseeded sampling request gets a fresh random seed."""
         if temperature == 0:
-            return cls(temperature=0.0, top_k=top_k, top_p=top_p, generator=None)
+            return cls(temperature=0.0, top_k=top_k, top_p=top_p, generator=None, min_p=min_p)
         generator = torch.Generator(device=device)
         generator.manual_seed(secrets.randbelow(MAX_SEED) if seed is None else seed)
-        return cls(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        return cls(
+            temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, min_p=min_p
+        )
 
     @property
     def greedy(self) -> bool:
@@ -53,8 +66,11 @@ def mask_invalid_rows(logits: torch.Tensor, mask_token_id: int, vocab_limit: int
     return logits
 
 
-def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Keep the k most likely tokens and the smallest set reaching mass top_p (-inf elsewhere)."""
+def _filter_top_k_top_p(
+    scaled: torch.Tensor, top_k: int, top_p: float, min_p: float = 0.0
+) -> torch.Tensor:
+    """Keep the k most likely tokens and the smallest set reaching mass top_p, then those at
+    least min_p times as likely as the most likely one left (vLLM's order; -inf elsewhere)."""
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
         kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
@@ -69,12 +85,18 @@ def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch
         drop_sorted[:, 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scaled = scaled.masked_fill(drop, float("-inf"))
+    if min_p > 0.0:
+        # p >= min_p * p_max  <=>  logit >= max_logit + log(min_p); the top token always stays.
+        floor = scaled.max(dim=-1, keepdim=True).values + math.log(min_p)
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     return scaled
 
 
 def _draw(logits: torch.Tensor, sampler: RowSampler) -> torch.Tensor:
     """Sample one token per row with temperature, top-k and top-p from the request's stream."""
-    scaled = _filter_top_k_top_p(logits / sampler.temperature, sampler.top_k, sampler.top_p)
+    scaled = _filter_top_k_top_p(
+        logits / sampler.temperature, sampler.top_k, sampler.top_p, sampler.min_p
+    )
     probs = torch.softmax(scaled, dim=-1)
     # Exponential race: argmax(p / E) with E ~ Exp(1) is an exact draw from p, and never picks
     # a zero-probability token.
@@ -89,14 +111,18 @@ def choose_tokens(
     *,
     mask_token_id: int,
     vocab_limit: int,
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token for every row of `logits` (R, V) and return (tokens, confidences), both (R,).
 
     Rows are grouped by request, in order: request i owns the next `rows_per_request[i]` rows
-    and samples them with `samplers[i]`. fp32 `logits` are overwritten (scores are masked in
-    place to spare a copy of a (R, V) tensor per step).
+    and samples them with `samplers[i]`. `banned` = (rows, token ids), equal-length 1-D long
+    tensors: those tokens cannot be chosen at those rows (`min_tokens`). fp32 `logits` are
+    overwritten (scores are masked in place to spare a copy of a (R, V) tensor per step).
     """
     scores = mask_invalid_rows(logits.float(), mask_token_id, vocab_limit)
+    if banned is not None:
+        scores[banned] = float("-inf")
     tokens = torch.argmax(scores, dim=-1)  # greedy rows keep this; ties go to the lower id
     if not all(s.greedy for s in samplers):
         start = 0

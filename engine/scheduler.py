@@ -49,6 +49,9 @@ class Request:
     block_size: int
     sampler: RowSampler
     detokenizer: IncrementalDetokenizer  # the emitted tokens and their text
+    # Tokens that end it (EOS unless ignore_eos, and its stop_token_ids); with min_tokens,
+    # the ones the runner forbids at the first min_tokens positions.
+    stop_token_ids: frozenset[int] = frozenset()
     arrival: float = field(default_factory=time.perf_counter)
     slot: int = -1  # the cache slot while running, else -1
     committed: int = 0  # positions [0, committed) of the slot hold final K/V

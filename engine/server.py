@@ -186,7 +186,12 @@ def create_app(state: ServerState) -> FastAPI:
         return state.model
 
     async def parse(request: Request, schema: type[BaseRequest]) -> Any:
-        body = parse_body(await read_body(request, config.service.max_body_bytes), schema)
+        raw = await read_body(request, config.service.max_body_bytes)
+        ignore = config.service.unknown_fields == "ignore"
+        body, unknown = parse_body(raw, schema, ignore_unknown=ignore)
+        if unknown:
+            metrics.unknown_fields.inc(len(unknown))
+            log.info("ignored unknown request fields: %s", ", ".join(unknown)[:512])
         if body.model != config.model.name:
             raise OpenAIErrorReply(
                 404,
@@ -272,12 +277,20 @@ def create_app(state: ServerState) -> FastAPI:
         frame: Callable[[str, str | None, Usage | None], dict[str, Any]],
         first: dict[str, Any] | None,
         include_usage: bool,
+        continuous: bool = False,
     ) -> StreamingResponse:
+        """The SSE answer; CONTINUOUS (`continuous_usage_stats`) puts the usage so far in every
+        chunk, as vLLM does: completion tokens count the tokens of the blocks sent so far."""
         end = deadline()
+
+        def counted(chunk: dict[str, Any], usage: Usage) -> dict[str, Any]:
+            if continuous:
+                chunk["usage"] = usage.model_dump()
+            return chunk
 
         async def events() -> AsyncIterator[str]:
             if first is not None:
-                yield f"data: {json.dumps(first)}\n\n"
+                yield f"data: {json.dumps(counted(first, usage_of(None, prompt_len, 0)))}\n\n"
             generated = 0
             usage: Usage | None = None
             watch = DisconnectWatch(request)
@@ -287,10 +300,14 @@ def create_app(state: ServerState) -> FastAPI:
                 ):
                     generated += len(u.new_token_ids)
                     if u.text_delta:
-                        yield f"data: {json.dumps(frame(u.text_delta, None, None))}\n\n"
+                        chunk = counted(
+                            frame(u.text_delta, None, None), usage_of(None, prompt_len, generated)
+                        )
+                        yield f"data: {json.dumps(chunk)}\n\n"
                     if u.finished:
                         usage = usage_of(u.stats, prompt_len, generated)
-                        yield f"data: {json.dumps(frame('', u.finish_reason, None))}\n\n"
+                        chunk = counted(frame("", u.finish_reason, None), usage)
+                        yield f"data: {json.dumps(chunk)}\n\n"
                         if include_usage:
                             yield f"data: {json.dumps(frame('', None, usage))}\n\n"
             except RequestAbandoned:
@@ -312,6 +329,12 @@ def create_app(state: ServerState) -> FastAPI:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        # What vLLM and SGLang answer and benchmark clients (GuideLLM) check first: 200 once
+        # the model serves, 503 while loading, draining or failed (the body says which).
+        return await ready()
 
     @app.get("/health/live")
     async def live() -> dict[str, Any]:
@@ -377,12 +400,16 @@ def create_app(state: ServerState) -> FastAPI:
         name = config.model.name
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
+            continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
 
             def frame(text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
                 return completion_chunk(rid, name, text, reason, usage)
 
             (request_id, updates) = admitted[0]
-            return sse(served, request, request_id, updates, len(prompts[0]), frame, None, include)
+            return sse(
+                served, request, request_id, updates, len(prompts[0]), frame, None, include,
+                continuous,
+            )  # fmt: skip
         end = deadline()
         results = []
         try:
@@ -423,13 +450,17 @@ def create_app(state: ServerState) -> FastAPI:
         name = config.model.name
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
+            continuous = bool(body.stream_options and body.stream_options.continuous_usage_stats)
 
             def frame(text: str, reason: str | None, usage: Usage | None) -> dict[str, Any]:
                 delta = {"content": text} if text else {}
                 return chat_chunk(rid, name, delta, reason, usage)
 
             first = chat_chunk(rid, name, {"role": "assistant", "content": ""}, None)
-            return sse(served, request, request_id, updates, len(prompt), frame, first, include)
+            return sse(
+                served, request, request_id, updates, len(prompt), frame, first, include,
+                continuous,
+            )  # fmt: skip
         text, reason, stats = await collect(served, request, request_id, updates, deadline())
         return JSONResponse(chat_body(rid, name, text, reason, usage_of(stats, len(prompt), 0)))
 

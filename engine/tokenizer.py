@@ -231,9 +231,9 @@ class Tokenizer:
             + (placeholder(rest[len(rest) - tail :]) if tail else "")
         )
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids`, special tokens (mask, EOS, chat markers) left out."""
-        return str(self._backend.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of `ids`, special tokens (mask, EOS, chat markers) left out unless asked for."""
+        return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def token_to_id(self, token: str) -> int | None:
         """Id of one token string, or None if the vocabulary lacks it."""

@@ -4,6 +4,8 @@
     POST /v1/chat/completions, POST /v1/completions   client token; forwarded (`proxy`)
     GET  /v1/models                                   client token; what it may use
     GET  /metrics                                     Prometheus text, no auth
+    GET  /health                                      200 with a routing table and a ready
+                                                      instance of some deployment, else 503
     GET  /health/live                                 200 while the process serves
     GET  /health/ready                                200 once a routing table is loaded
 
@@ -135,6 +137,8 @@ class GatewayApp:
                 await send_error(send, _wrong_method(method, path, "GET"))
         elif path == "/metrics":
             await send_bytes(send, 200, self.metrics.render(), CONTENT_TYPE.encode())
+        elif path == "/health":
+            await self._health(send)
         elif path == "/health/live":
             await send_json(send, 200, {"status": "live"})
         elif path == "/health/ready":
@@ -145,6 +149,18 @@ class GatewayApp:
                 await send_json(send, 200, {"status": "ready", "routes": table.etag})
         else:
             await send_error(send, not_found(path))
+
+    async def _health(self, send: Send) -> None:
+        """vLLM's and SGLang's `/health`, which benchmark clients check first: 200 when a
+        request could be served now (a routing table with a ready instance), else 503 and why."""
+        table = self.routes.current
+        if table is None:
+            await send_json(send, 503, {"status": "unavailable", "reason": "no routing table yet"})
+        elif not table.instance_ids():
+            reason = "no deployment has a ready instance"
+            await send_json(send, 503, {"status": "unavailable", "reason": reason})
+        else:
+            await send_json(send, 200, {"status": "ok", "routes": table.etag})
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         received_at = self._clock()

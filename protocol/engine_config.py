@@ -3,7 +3,7 @@
 ```yaml
 service:   {host: 127.0.0.1, port: 8080, max_concurrent_requests: 32, max_queue: 256,
             request_timeout_s: 120, api_key: null, shutdown_grace_s: 30,
-            max_body_bytes: 16777216,
+            max_body_bytes: 16777216, unknown_fields: reject,
             tls_cert: null, tls_key: null}
 model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_size: 32,
             threshold: 0.9, steps: null, min_steps: 1, max_steps: 32, thinking: false,
@@ -65,6 +65,10 @@ class ServiceTuning(_Section):
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0
     # Larger request bodies are refused (413) before they are read or parsed.
     max_body_bytes: Annotated[int, Field(ge=1024, le=MAX_BODY_BYTES)] = 16 * 2**20
+    # A request field the API does not know: a 400 naming it (`reject`: a typo never passes
+    # silently), or dropped and counted in dllm_request_unknown_fields_total (`ignore`: for
+    # clients that send fields of other servers).
+    unknown_fields: Literal["reject", "ignore"] = "reject"
 
 
 class ServiceConfig(ServiceTuning):
@@ -269,6 +273,7 @@ FLAGS: dict[str, str] = {
     "api-key": "service.api_key",
     "shutdown-grace-s": "service.shutdown_grace_s",
     "max-body-bytes": "service.max_body_bytes",
+    "unknown-fields": "service.unknown_fields",
     "tls-cert": "service.tls_cert",
     "tls-key": "service.tls_key",
     "model": "model.path",

@@ -1,9 +1,13 @@
 """The OpenAI-compatible wire format: request bodies, responses, stream chunks and errors.
 
 Requests are strict: an unknown field, or a standard OpenAI field set to something this engine
-cannot honour (logprobs, n > 1, penalties...), is a 400 naming the field rather than being
-silently ignored. The diffusion knobs (`block_size`, `threshold`, `steps`, `min_steps`,
-`max_steps`, `thinking`, `top_k`) are accepted as extra body fields.
+cannot honour (logprobs, n > 1, penalties...), is a 400 naming the field and saying why rather
+than being silently ignored (an engine config may ask for unknown fields to be ignored instead:
+`service.unknown_fields`). The diffusion knobs (`block_size`, `threshold`, `steps`, `min_steps`,
+`max_steps`, `thinking`) and the vLLM/SGLang extensions benchmark clients send (`ignore_eos`,
+`min_tokens`, `top_k`, `min_p`, `stop_token_ids`, `skip_special_tokens`,
+`spaces_between_special_tokens`, `stream_options.continuous_usage_stats`; `repetition_penalty`
+at 1 only) are accepted as extra body fields.
 
 Every list and string a client sends is bounded here, while parsing, so that no request makes the
 server tokenize, render or search without limit; the server adds the limits its configuration
@@ -34,6 +38,7 @@ MAX_STOP_CHARS = 256
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 256
 MAX_NAME_CHARS = 256  # `model`, `user`
+MAX_STOP_TOKEN_IDS = 64  # checked against every generated token
 
 Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS)]
 
@@ -53,6 +58,13 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none"),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None, True, False),
+    "repetition_penalty": (None, 1, 1.0),
+}
+# Why a field is accepted at its neutral value only, where the reason is not plain.
+_WHY_NEUTRAL: dict[str, str] = {
+    "repetition_penalty": "it penalises tokens already generated, and block-diffusion decoding "
+    "chooses a block's tokens in parallel and out of order, so there is no 'already generated' "
+    "to penalise against; leave it out or send 1",
 }
 
 
@@ -120,10 +132,12 @@ class OpenAIErrorReply(Exception):
 
 
 class StreamOptions(BaseModel):
-    """`stream_options`: whether the last chunk before [DONE] carries usage."""
+    """`stream_options`: whether the last chunk before [DONE] carries usage (`include_usage`),
+    and whether every chunk does, counted so far (`continuous_usage_stats`, vLLM's)."""
 
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class BaseRequest(BaseModel):
@@ -147,7 +161,15 @@ class BaseRequest(BaseModel):
     steps: StrictInt | None = None
     min_steps: StrictInt | None = None
     max_steps: StrictInt | None = None
+    # vLLM/SGLang sampling extensions (extra_body), honoured by the engine's decoding.
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt | None = None
+    min_p: float | None = None
+    stop_token_ids: Annotated[list[StrictInt], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool | None = None
     # Accepted at neutral values only (see _NEUTRAL).
+    repetition_penalty: float | None = None
     n: StrictInt | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -161,7 +183,17 @@ class BaseRequest(BaseModel):
             if name in type(self).model_fields:
                 value = getattr(self, name)
                 if value not in allowed:
-                    raise ValueError(f"{name}={value!r} is not supported by this engine")
+                    why = _WHY_NEUTRAL.get(name)
+                    raise ValueError(
+                        f"{name}={value!r} is not supported by this engine"
+                        + (f": {why}" if why else "")
+                    )
+        if self.spaces_between_special_tokens and not self.skip_special_tokens:
+            raise ValueError(
+                "spaces_between_special_tokens=True is not supported by this engine: its "
+                "tokenizer writes special tokens as the checkpoint's decoder joins them, with "
+                "no space added; send false, or leave skip_special_tokens at true"
+            )
         return self
 
     @field_validator("stop")
