@@ -79,10 +79,13 @@ def update_deployment(
     notify_allow_private: bool = False,
 ) -> Deployment:
     """Scale, reconfigure, switch version, GPUs, placement or rollout policy; refused whole when
-    it does not fit (a `notify` URL to a private address: `[controlplane] notify_allow_private`)."""
+    it does not fit (a `notify` URL to a private address: `[controlplane] notify_allow_private`).
+    A switch of version keeps the one it replaces (and its config) as the rollback target, as a
+    promotion does."""
     if change.rollout_policy is not None:
         check_target(change.rollout_policy.notify, "rollout_policy.notify", notify_allow_private)
     deployment = get_deployment(session, name)
+    old_version, old_config = deployment.stable_version_id, deployment.engine_config
     changes: dict[str, Any] = {}
     if change.instances_per_host is not None:
         deployment.instances_per_host = change.instances_per_host
@@ -105,6 +108,10 @@ def update_deployment(
                 f"deployment {name} has an active canary: end it first "
                 f"(DELETE /api/v1/deployments/{name}/canary), then change the version"
             )
+        if moves:
+            # As a promotion does: what it replaced is what `dctl rollback` goes back to.
+            deployment.rollback_version_id = old_version
+            deployment.rollback_engine_config = old_config
         deployment.stable_version_id = version.id
         changes["version"] = change.version
     if change.rollout_policy is not None:
@@ -126,8 +133,9 @@ def update_deployment(
     session.add(deployment)
     session.flush()
     place_deployment(session, now, deployment)
-    if change.engine_config is not None:
-        # A new config reaches every host of the deployment even when no instance row changed.
+    if change.engine_config is not None or deployment.stable_version_id != old_version:
+        # A new config reaches every host of the deployment even when no instance row changed,
+        # and a new stable version changes every host's keep-list (the rollback target).
         hosts = session.exec(
             select(Instance.host_id).where(Instance.deployment_id == deployment.id)
         ).all()

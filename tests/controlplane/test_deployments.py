@@ -10,7 +10,7 @@ from sqlmodel import Session, select
 
 from controlplane.models import Instance
 from tests.controlplane.conftest import Api, deploy, register_version, statements
-from tests.controlplane.fleet import beat, gpu_host
+from tests.controlplane.fleet import beat, gpu_host, serving_fleet
 
 GIB = 2**30
 
@@ -231,3 +231,18 @@ def test_gpus_reported_after_placement_are_assigned_and_the_host_is_told(api: Ap
     assert sorted(i["gpu_indices"] for i in reply["instances"]) == sorted(assigned)
     again = beat(api, agent)  # the same GPUs again: nothing moves
     assert again["generation"] == reply["generation"]
+
+
+def test_a_patched_stable_version_is_what_a_rollback_goes_back_from(api: Api) -> None:
+    # A PATCH of the version keeps the one it replaced as the rollback target, as a promotion
+    # does, so `dctl rollback` afterwards returns to it (and not to an older target).
+    serving_fleet(api, per_host=2)
+    register_version(api, version="v3")
+    for version in ("v2", "v3"):
+        moved = api.as_admin("PATCH", "/api/v1/deployments/web", json={"version": version})
+        assert moved.status_code == 200, moved.text
+    back = api.as_admin("POST", "/api/v1/deployments/web/rollback", json={})
+    assert back.status_code == 201, back.text
+    assert (back.json()["from"], back.json()["to"]) == ("demo:v3", "demo:v2")
+    shown = api.as_admin("GET", "/api/v1/deployments/web").json()
+    assert shown["rollback_version"] == "v2"
