@@ -8,7 +8,9 @@ The rules, per deployment:
 - Target hosts: those named in the placement plus every host carrying all its labels.
 - Each target host runs `instances_per_host` instances with ordinals 0..n-1; scaling down drops
   the highest ordinals first; a host that is no longer a target loses its instances.
-- Draining hosts keep their instances, desired "stopped"; every other host's run.
+- Draining hosts keep their instances, desired "stopped"; so do the instances a rolling restart
+  holds stopped (`DeploymentView.held_stopped`, until their agent reports them stopped); every
+  other instance runs. This planner is the only writer of an instance's desired state.
 - Versions: without a rollout every instance runs the stable version. With one, exactly
   `canary_instances` instances run the canary; instances already on it stay on it (new instances
   take the canary first, as they cost no restart), every other instance runs stable.

@@ -62,10 +62,10 @@ def plan_deployment(
         mine = own.get(host.id, [])
         kept, dropped = mine[:wanted], mine[wanted:]
         plan.changes += [Delete(i.id, host.id) for i in dropped]
-        state = STOPPED if host.draining else RUNNING
-        plan.changes += [
-            UpdateDesiredState(i.id, host.id, state) for i in kept if i.desired_state != state
-        ]
+        for inst in kept:
+            state = _desired_state(deployment, host, inst.id)
+            if inst.desired_state != state:
+                plan.changes.append(UpdateDesiredState(inst.id, host.id, state))
         drafts.append(draft_host(deployment, host, kept, others.get(host.id, []), wanted))
 
     _choose_versions(deployment, rollout, [s for d in drafts for s in d.slots])
@@ -145,6 +145,12 @@ def _choose_versions(
     rest = [s for s in slots if s.current and s.current.version_id != canary]
     for slot in [*on_canary, *fresh, *rest][: max(0, rollout.canary_instances)]:
         slot.version_id = canary
+
+
+def _desired_state(deployment: DeploymentView, host: HostView, instance_id: int) -> str:
+    """Stopped on a draining host and while a restart holds the instance stopped; else running."""
+    held = host.draining or instance_id in deployment.held_stopped
+    return STOPPED if held else RUNNING
 
 
 def _slot_changes(deployment: DeploymentView, slot: Slot) -> list[Change]:

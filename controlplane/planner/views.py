@@ -43,6 +43,8 @@ class DeploymentView:
     instances_per_host: int = 1
     gpus_per_instance: int | None = None
     kv_reserve_tokens: int = 0
+    # Instances a rolling restart holds stopped until their agent reports them stopped.
+    held_stopped: frozenset[int] = frozenset()
 
     def selects(self, host: HostView) -> bool:
         """True when the placement names this host or the host carries all its labels."""

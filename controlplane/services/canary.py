@@ -1,11 +1,10 @@
-"""Canaries: another version of a deployment's model on some of its instances, at a weight.
+"""Manual canaries (`PUT`/`DELETE /api/v1/deployments/{name}/canary`, `dctl deploy canary`):
+another version of a deployment's model on some of its instances, at a weight the operator sets.
 
-A canary is an active `Rollout` row (`protocol.rollouts.ACTIVE_STATES`): `to_version_id` runs on
-`canary_instances` of the deployment's instances (the planner picks which, see
-`controlplane.planner`) and gateways send it `canary_weight` percent of the requests. An operator
-sets one by hand today (`PUT /api/v1/deployments/{name}/canary`); the rollout controller will
-call the same functions. Every change re-plans the deployment, so the agents get the new
-versions with their next heartbeat, and records an Event.
+A manual canary is a rollout record of kind `manual`: the rollout machine holds it where the
+operator puts it (no timed plan, no analysis) and its store writes it, as for every other kind;
+this module only checks the request and names the versions. Every change re-plans the
+deployment, so the agents get the new versions with their next heartbeat, and records an Event.
 """
 
 from __future__ import annotations
@@ -13,20 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlmodel import Session, func, select
+from sqlmodel import Session, select
 
-from controlplane.eventlog import record_event
-from controlplane.models import Deployment, Instance, Model, Rollout
+from controlplane.models import Deployment, Model, Rollout
+from controlplane.rollouts import store
+from controlplane.rollouts.messages import RollBack, SetManual, Start
+from controlplane.rollouts.progress import RolloutSettings
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import find_version
-from controlplane.services.placement import (
-    active_rollouts,
-    load_versions,
-    place_deployment,
-    replan_deployment,
-)
+from controlplane.services.placement import active_rollouts
 from protocol.gateway import CanarySet
-from protocol.rollouts import RolloutKind, RolloutState
+from protocol.rollouts import RolloutKind, RolloutPhase
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ def set_canary(session: Session, now: datetime, actor: str, name: str, spec: Can
         )
     rollout = active_rollouts(session, [deployment.id]).get(deployment.id)
     if rollout is not None and rollout.to_version_id != version.id:
-        running = _label(session, rollout.to_version_id)
+        running = store.label(session, rollout.to_version_id)
         raise Conflict(
             f"deployment {name} already has a canary of {running}: end it first "
             f"(DELETE /api/v1/deployments/{name}/canary), then start one of {label}"
@@ -71,56 +67,29 @@ def set_canary(session: Session, now: datetime, actor: str, name: str, spec: Can
     if rollout is None and version.deprecated:
         # As for deployments (`deployable_version`): a deprecated version starts nowhere new.
         raise Invalid(f"{label} is deprecated: deploy a newer version")
-    total = _instance_count(session, deployment.id)
+    total = store.instance_total(session, deployment.id)
     if spec.instances >= total:
         raise Invalid(
             f"deployment {name} runs {total} instance(s); a canary may take at most "
             f"{max(total - 1, 0)}, so that the stable version keeps serving: scale the deployment "
             "up (instances_per_host or placement) first"
         )
-    step = {"weight": spec.weight, "instances": spec.instances, "manual": True}
     if rollout is None:
-        rollout = Rollout(
-            deployment_id=deployment.id,
-            from_version_id=deployment.stable_version_id,
-            to_version_id=version.id,
+        rollout = store.create(
+            session,
+            now,
+            actor,
+            deployment,
             kind=RolloutKind.MANUAL,
-            state=RolloutState.PROGRESSING,
-            step_index=0,
-            canary_weight=spec.weight,
-            canary_instances=spec.instances,
-            steps=[step],
-            message="set by hand",
-            created_at=now,
-            updated_at=now,
+            to_version_id=version.id,
+            phase=RolloutPhase.WAITING,
+            weights=[],
+            settings=RolloutSettings(),
+            reason="set by hand",
         )
-        kind, verb = "canary.started", "started"
-    elif (rollout.canary_weight, rollout.canary_instances) == (spec.weight, spec.instances):
-        return Canary(deployment, rollout, _label(session, deployment.stable_version_id), label)
-    else:
-        # A new list, so the JSON column is seen to change.
-        rollout.steps = [*rollout.steps, step]
-        rollout.step_index = len(rollout.steps) - 1
-        rollout.canary_weight = spec.weight
-        rollout.canary_instances = spec.instances
-        rollout.updated_at = now
-        kind, verb = "canary.updated", "changed"
-    session.add(rollout)
-    session.flush()
-    place_deployment(session, now, deployment)
-    record_event(
-        session,
-        now,
-        actor,
-        kind,
-        f"deployment/{name}",
-        f"canary {label} of deployment {name} {verb}: {spec.weight}% of requests, "
-        f"{spec.instances} instance(s)",
-        version=label,
-        weight=spec.weight,
-        instances=spec.instances,
-    )
-    return Canary(deployment, rollout, _label(session, deployment.stable_version_id), label)
+        store.command(session, now, actor, rollout, Start())
+    store.command(session, now, actor, rollout, SetManual(spec.weight, spec.instances))
+    return Canary(deployment, rollout, store.label(session, deployment.stable_version_id), label)
 
 
 def clear_canary(session: Session, now: datetime, actor: str, name: str) -> Canary:
@@ -134,25 +103,9 @@ def clear_canary(session: Session, now: datetime, actor: str, name: str) -> Cana
     rollout = active_rollouts(session, [deployment.id]).get(deployment.id)
     if rollout is None:
         raise NotFound(f"active canary of deployment {name!r}")
-    label = _label(session, rollout.to_version_id)
-    rollout.state = RolloutState.ROLLED_BACK
-    rollout.canary_weight = 0
-    rollout.canary_instances = 0
-    rollout.message = "ended by hand"
-    rollout.updated_at = now
-    session.add(rollout)
-    session.flush()
-    replan_deployment(session, now, actor, deployment)
-    record_event(
-        session,
-        now,
-        actor,
-        "canary.ended",
-        f"deployment/{name}",
-        f"canary {label} of deployment {name} ended: its instances run the stable version again",
-        version=label,
-    )
-    return Canary(deployment, rollout, _label(session, deployment.stable_version_id), label)
+    label = store.label(session, rollout.to_version_id)
+    store.command(session, now, actor, rollout, RollBack("ended by hand"))
+    return Canary(deployment, rollout, store.label(session, deployment.stable_version_id), label)
 
 
 def locked_deployment(session: Session, name: str) -> Deployment:
@@ -162,14 +115,3 @@ def locked_deployment(session: Session, name: str) -> Deployment:
     if row is None:
         raise NotFound(f"deployment {name!r}")
     return row
-
-
-def _instance_count(session: Session, deployment_id: int) -> int:
-    return session.exec(
-        select(func.count()).select_from(Instance).where(Instance.deployment_id == deployment_id)
-    ).one()
-
-
-def _label(session: Session, version_id: int) -> str:
-    """MODEL:VERSION of a version id."""
-    return load_versions(session, [version_id])[version_id].label

@@ -43,7 +43,7 @@ from controlplane.planner import (
     plan_fleet,
 )
 from controlplane.services.errors import Conflict, Invalid
-from protocol.rollouts import ACTIVE_STATES, RolloutKind
+from protocol.rollouts import ACTIVE_STATES, RestartStage, RolloutKind
 from protocol.wire import MemoryPlan
 
 # Engine API keys carry a prefix so a leaked one is recognisable (and greppable) as dctl's.
@@ -95,7 +95,8 @@ def replan_deployment(session: Session, now: datetime, actor: str, deployment: D
 
 def _plan_one(session: Session, deployment: Deployment) -> tuple[Plan, list[HostView]]:
     """The plan of one deployment with its active rollout, and the hosts it was made for."""
-    view = deployment_view(deployment)
+    assert deployment.id is not None
+    view = deployment_view(deployment, load_held(session, [deployment.id]).get(deployment.id))
     hosts = load_hosts(session)
     rollout = load_rollouts(session, [view.id]).get(view.id)
     wanted = [view.stable_version_id] + ([rollout.canary_version_id] if rollout else [])
@@ -126,7 +127,10 @@ def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
     Where a deployment no longer fits, what fits is applied and an event says what does not:
     the host change that caused it has happened already and is not refused.
     """
-    views = [deployment_view(d) for d in session.exec(select(Deployment)).all()]
+    held = load_held(session)
+    views = [
+        deployment_view(d, held.get(d.id or 0)) for d in session.exec(select(Deployment)).all()
+    ]
     hosts = load_hosts(session)
     rollouts = load_rollouts(session)
     plan = plan_fleet(
@@ -206,8 +210,10 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
 # --- views of the store ------------------------------------------------------------------------
 
 
-def deployment_view(deployment: Deployment) -> DeploymentView:
-    """What the planner needs of a deployment row."""
+def deployment_view(
+    deployment: Deployment, held_stopped: frozenset[int] | None = None
+) -> DeploymentView:
+    """What the planner needs of a deployment row (and of its restart: HELD_STOPPED)."""
     assert deployment.id is not None
     return DeploymentView(
         id=deployment.id,
@@ -218,6 +224,7 @@ def deployment_view(deployment: Deployment) -> DeploymentView:
         instances_per_host=deployment.instances_per_host,
         gpus_per_instance=deployment.gpus_per_instance,
         kv_reserve_tokens=kv_reserve_tokens(deployment.engine_config),
+        held_stopped=held_stopped or frozenset(),
     )
 
 
@@ -274,6 +281,23 @@ def active_rollouts(
         query = query.where(col(Rollout.deployment_id).in_(set(deployment_ids)))
     rows = session.exec(query.order_by(col(Rollout.id))).all()
     return {row.deployment_id: row for row in rows}
+
+
+def load_held(
+    session: Session, deployment_ids: Collection[int] | None = None
+) -> dict[int, frozenset[int]]:
+    """The instance an active restart holds stopped, of each deployment that has one (of
+    DEPLOYMENT_IDS; None: all), by deployment id (one query)."""
+    query = select(Rollout).where(
+        col(Rollout.state).in_(ACTIVE_STATES), col(Rollout.kind) == RolloutKind.RESTART
+    )
+    if deployment_ids is not None:
+        query = query.where(col(Rollout.deployment_id).in_(set(deployment_ids)))
+    return {
+        row.deployment_id: frozenset({row.progress.current})
+        for row in session.exec(query).all()
+        if row.progress.current is not None and row.progress.stage == RestartStage.STOPPING
+    }
 
 
 def load_rollouts(

@@ -1,5 +1,8 @@
-"""Rollouts, rollbacks and restarts as the API starts and steers them (operator role); the
-controller (`controlplane.rollouts.controller`) moves them on. Every change records an Event."""
+"""Rollouts, rollbacks and restarts as the API starts and steers them (operator role): the
+request is checked here, then made a record and a command of the rollout machine, carried out by
+its store (`controlplane.rollouts.store`, the one writer of rollout rows) in the request's
+transaction; the controller (`controlplane.rollouts.controller`) moves them on. Every change
+records an Event."""
 
 from __future__ import annotations
 
@@ -10,10 +13,18 @@ from typing import Any
 
 from sqlmodel import Session, col, select
 
-from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, Model, ModelVersion, Rollout
-from controlplane.rollouts import transitions as tr
-from controlplane.rollouts.progress import Promotion, RolloutProgress, RolloutSettings
+from controlplane.rollouts import store
+from controlplane.rollouts.messages import (
+    Abort,
+    Command,
+    Pause,
+    Promote,
+    Resume,
+    RollBack,
+    Start,
+)
+from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
 from controlplane.rollouts.webhook import check_target
 from controlplane.services.canary import locked_deployment
 from controlplane.services.deployments import checked_engine_config, get_deployment
@@ -24,9 +35,9 @@ from controlplane.services.traffic import canary_share
 from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
+    ACTIVE_STATES,
     CANARY_KINDS,
     Analysis,
-    HostStaging,
     InstanceProgress,
     RestartCreate,
     RollbackCreate,
@@ -62,51 +73,12 @@ def _version_tag(session: Session, deployment: Deployment, ref: str) -> str:
 
 def _refuse_if_busy(session: Session, deployment: Deployment) -> None:
     assert deployment.id is not None
-    busy = tr.active_of(session, deployment.id)
+    busy = store.active_of(session, deployment.id)
     if busy is not None:
         raise Conflict(
             f"deployment {deployment.name} already has an active {busy.kind} ({busy.id}, "
             f"{busy.state}): wait for it, or `dctl rollout abort {deployment.name}`"
         )
-
-
-def _new_record(
-    session: Session,
-    now: datetime,
-    actor: str,
-    deployment: Deployment,
-    kind: RolloutKind,
-    to_id: int,
-    phase: RolloutPhase,
-    weights: list[int],
-    settings: RolloutSettings,
-    reason: str,
-    engine_config: dict[str, Any] | None = None,
-    progress: RolloutProgress | None = None,
-) -> Rollout:
-    """A new rollout, rollback or restart of DEPLOYMENT for the controller to run (flushed, so
-    it has its id)."""
-    assert deployment.id is not None
-    rollout = Rollout(
-        deployment_id=deployment.id,
-        from_version_id=deployment.stable_version_id,
-        to_version_id=to_id,
-        kind=kind,
-        state=RolloutState.PROGRESSING,
-        phase=phase,
-        steps=[{"weight": w} for w in weights],
-        settings=settings,
-        progress=progress or RolloutProgress(),
-        engine_config=engine_config,
-        actor=actor,
-        message=reason,
-        ticked_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    session.add(rollout)
-    session.flush()
-    return rollout
 
 
 def start_rollout(
@@ -136,11 +108,11 @@ def start_rollout(
     if to_id == deployment.stable_version_id:
         if config is None:
             raise Invalid(
-                f"{tr.label(session, to_id)} is already deployment {name}'s stable version: "
+                f"{store.label(session, to_id)} is already deployment {name}'s stable version: "
                 "name another version with --to, or give a new --engine-config"
             )
         to_id = _config_version(session, now, to_id, config)
-    total = tr.own_total(session, deployment)
+    total = store.own_total(session, deployment)
     if total < 2 and spec.surge == 0:
         raise Invalid(
             f"deployment {name} runs {total} instance(s): a canary needs one beside at least one "
@@ -162,35 +134,20 @@ def start_rollout(
             **spec.policy.model_dump(exclude_none=True),
         }
     )
-    weights = spec.weights()
-    rollout = _new_record(
+    rollout = store.create(
         session,
         now,
         actor,
         deployment,
-        RolloutKind.ROLLOUT,
-        to_id,
-        RolloutPhase.STAGING,
-        weights,
-        RolloutSettings(policy=policy, surge=spec.surge),
-        spec.reason or "started",
-        config,
+        kind=RolloutKind.ROLLOUT,
+        to_version_id=to_id,
+        phase=RolloutPhase.STAGING,
+        weights=spec.weights(),
+        settings=RolloutSettings(policy=policy, surge=spec.surge),
+        reason=spec.reason or "started",
+        engine_config=config,
     )
-    tr.stage_hosts(session, rollout, deployment)
-    record_event(
-        session,
-        now,
-        actor,
-        "rollout.started",
-        tr.subject(deployment),
-        f"rollout {rollout.id} of deployment {name} started: "
-        f"{tr.label(session, rollout.from_version_id)} -> {tr.label(session, to_id)}"
-        f"{' with a new engine config' if config else ''}, steps "
-        f"{' -> '.join(f'{w}%' for w in weights)}, {policy.interval_s:g} s each",
-        rollout=rollout.id,
-        steps=weights,
-        reason=spec.reason,
-    )
+    store.command(session, now, actor, rollout, Start(spec.reason))
     return rollout
 
 
@@ -237,44 +194,19 @@ def act(
     """promote [--full], abort, pause or resume the active rollout (NotFound when none)."""
     deployment = locked_deployment(session, name)
     assert deployment.id is not None
-    rollout = tr.active_of(session, deployment.id)
+    rollout = store.active_of(session, deployment.id)
     if rollout is None:
         raise NotFound(f"active rollout of deployment {name!r}")
     why = body.reason or f"{action} by {actor}"
-    if action == "abort":
-        tr.end(session, now, actor, rollout, deployment, RolloutState.ABORTED, why)
-        return rollout
-    if action == "pause":
-        if rollout.state == RolloutState.PAUSED:
-            return rollout
-        tr.pause(session, now, actor, rollout, why)
-    elif action == "resume":
-        if rollout.state != RolloutState.PAUSED:
-            raise Conflict(f"{rollout.kind} {rollout.id} of deployment {name} is not paused")
-        tr.resume(session, now, rollout)
-    elif action == "promote":
-        if rollout.kind != RolloutKind.ROLLOUT:
-            raise Conflict(f"a {rollout.kind} has no steps to promote")
-        if rollout.state == RolloutState.PAUSED:
-            tr.resume(session, now, rollout)
-        # The controller carries it out at its next round: the next step, or all the way.
-        pending = Promotion.FULL if body.full else Promotion.STEP
-        rollout.progress = rollout.progress.model_copy(update={"pending": pending})
-        rollout.updated_at = now
-        session.add(rollout)
-    else:
+    orders: dict[str, Command] = {
+        "promote": Promote(body.full, why),
+        "abort": Abort(why),
+        "pause": Pause(why),
+        "resume": Resume(why),
+    }
+    if action not in orders:
         raise Invalid(f"unknown action {action!r}: promote, abort, pause or resume")
-    record_event(
-        session,
-        now,
-        actor,
-        f"rollout.{action}",
-        tr.subject(deployment),
-        f"{rollout.kind} {rollout.id} of deployment {name}: {action}"
-        f"{' --full' if body.full and action == 'promote' else ''} ({why})",
-        rollout=rollout.id,
-        reason=body.reason,
-    )
+    store.command(session, now, actor, rollout, orders[action])
     return rollout
 
 
@@ -285,17 +217,9 @@ def start_rollback(
     active rollout: that rollout ends `rolled_back` (its canary goes away at once)."""
     deployment = locked_deployment(session, name)
     assert deployment.id is not None
-    active = tr.active_of(session, deployment.id)
+    active = store.active_of(session, deployment.id)
     if active is not None and active.kind in CANARY_KINDS and spec.to is None:
-        tr.end(
-            session,
-            now,
-            actor,
-            active,
-            deployment,
-            RolloutState.ROLLED_BACK,
-            spec.reason or "rolled back",
-        )
+        store.command(session, now, actor, active, RollBack(spec.reason or "rolled back"))
         return active
     _refuse_if_busy(session, deployment)
     config = None
@@ -318,33 +242,25 @@ def start_rollback(
     if session.get(ModelVersion, target) is None:
         raise Conflict(f"the version to go back to (id {target}) was deleted: name one with --to")
     if target == deployment.stable_version_id:
-        raise Conflict(f"{tr.label(session, target)} is already deployment {name}'s stable version")
-    if tr.instance_total(session, deployment.id) == 0:
+        raise Conflict(
+            f"{store.label(session, target)} is already deployment {name}'s stable version"
+        )
+    if store.instance_total(session, deployment.id) == 0:
         raise Conflict(f"deployment {name} has no instances to move")
-    rollout = _new_record(
+    rollout = store.create(
         session,
         now,
         actor,
         deployment,
-        RolloutKind.ROLLBACK,
-        target,
-        RolloutPhase.PROMOTING,
-        [100],
-        RolloutSettings(policy=DEFAULT_POLICY, all_at_once=spec.all_at_once),
-        spec.reason or "rollback",
-        config,
+        kind=RolloutKind.ROLLBACK,
+        to_version_id=target,
+        phase=RolloutPhase.PROMOTING,
+        weights=[100],
+        settings=RolloutSettings(policy=DEFAULT_POLICY, all_at_once=spec.all_at_once),
+        reason=spec.reason or "rollback",
+        engine_config=config,
     )
-    record_event(
-        session,
-        now,
-        actor,
-        "rollback.started",
-        tr.subject(deployment),
-        f"rollback {rollout.id} of deployment {name}: {tr.label(session, rollout.from_version_id)} "
-        f"-> {tr.label(session, target)}{', all at once' if spec.all_at_once else ''}",
-        rollout=rollout.id,
-        reason=spec.reason,
-    )
+    store.command(session, now, actor, rollout, Start(spec.reason))
     return rollout
 
 
@@ -372,30 +288,20 @@ def start_restart(
     if not rows:
         raise Conflict(f"deployment {name} has no instances to restart")
     queue = [int(r[0]) for r in rows if r[0] is not None]
-    rollout = _new_record(
+    rollout = store.create(
         session,
         now,
         actor,
         deployment,
-        RolloutKind.RESTART,
-        deployment.stable_version_id,
-        RolloutPhase.RESTARTING,
-        [],
-        RolloutSettings(policy=DEFAULT_POLICY),
-        spec.reason or "restart",
+        kind=RolloutKind.RESTART,
+        to_version_id=deployment.stable_version_id,
+        phase=RolloutPhase.RESTARTING,
+        weights=[],
+        settings=RolloutSettings(policy=DEFAULT_POLICY),
+        reason=spec.reason or "restart",
         progress=RolloutProgress(queue=tuple(queue)),
     )
-    record_event(
-        session,
-        now,
-        actor,
-        "restart.started",
-        tr.subject(deployment),
-        f"restart {rollout.id} of deployment {name}: {len(queue)} instance(s), one at a time",
-        rollout=rollout.id,
-        instances=queue,
-        reason=spec.reason,
-    )
+    store.command(session, now, actor, rollout, Start(spec.reason))
     return rollout
 
 
@@ -404,7 +310,7 @@ def current(session: Session, name: str) -> Rollout:
     deployment = get_deployment(session, name)
     assert deployment.id is not None
     rollout = (
-        tr.active_of(session, deployment.id)
+        store.active_of(session, deployment.id)
         or session.exec(
             select(Rollout)
             .where(Rollout.deployment_id == deployment.id)
@@ -443,8 +349,8 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
     for an ADMIN only (`RolloutPolicy.masked`)."""
     deployment = session.get(Deployment, rollout.deployment_id)
     assert deployment is not None and deployment.id is not None
-    policy = tr.policy_of(rollout)
-    active = tr.is_active(rollout) and rollout.kind != RolloutKind.RESTART
+    policy = rollout.settings.policy
+    active = rollout.state in ACTIVE_STATES and rollout.kind != RolloutKind.RESTART
     time_left = None
     if rollout.state == RolloutState.PAUSED and rollout.paused_left_s is not None:
         time_left = rollout.paused_left_s
@@ -470,15 +376,12 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
         )
         for inst, host in rows
     ]
-    canary_ready = tr.ready_count(session, deployment.id, rollout.to_version_id) if active else 0
-    stable_ready = tr.ready_count(session, deployment.id, deployment.stable_version_id)
+    canary_ready = store.ready_count(session, deployment.id, rollout.to_version_id) if active else 0
+    stable_ready = store.ready_count(session, deployment.id, deployment.stable_version_id)
     analyses = [Analysis.model_validate(a) for a in rollout.analysis]
     staging = []
-    version = session.get(ModelVersion, rollout.to_version_id)
-    if rollout.phase == RolloutPhase.STAGING and version is not None:
-        for host in tr.staging_hosts(session, deployment):
-            state, error = tr.staged(host, version.digest)
-            staging.append(HostStaging(host=host.name, state=state, error=error))
+    if rollout.phase == RolloutPhase.STAGING:
+        staging = store.staging_of(session, deployment, rollout.to_version_id)
     weights = [int(s.get("weight", 0)) for s in rollout.steps]
     before_first = (
         rollout.phase in (RolloutPhase.STAGING, RolloutPhase.WAITING) and rollout.step_index == 0
@@ -496,8 +399,8 @@ def view(session: Session, now: datetime, rollout: Rollout, *, admin: bool) -> R
         served=canary_share(session, now, deployment.name, rollout.step_started_at)
         if active and rollout.step_started_at is not None
         else None,
-        from_=tr.label(session, rollout.from_version_id),
-        to=tr.label(session, rollout.to_version_id),
+        from_=store.label(session, rollout.from_version_id),
+        to=store.label(session, rollout.to_version_id),
         engine_config_changed=rollout.engine_config is not None,
         phase=rollout.phase,
         canary_instances=rollout.canary_instances,
