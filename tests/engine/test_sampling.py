@@ -93,3 +93,26 @@ def test_top_k_and_top_p_restrict_the_draw() -> None:
     # p(0) ~ 0.34 under these logits: top_p=0.3 keeps only the most likely token.
     top_p, _ = choose(logits, [400], [sampler(seed=4, top_p=0.3)])
     assert set(top_p.tolist()) == {0}
+
+
+def test_min_p_drops_tokens_less_likely_than_its_share_of_the_top_one() -> None:
+    logits = torch.full((4000, 10), -30.0)
+    logits[:, 0], logits[:, 1], logits[:, 2] = math.log(0.5), math.log(0.3), math.log(0.2)
+    hot = RowSampler.create(temperature=1.0, top_k=0, top_p=1.0, seed=5, device="cpu", min_p=0.5)
+    tokens, _ = choose(logits, [4000], [hot])
+    # 0.2 < 0.5 * 0.5 is dropped; 0.3 stays, and the draw renormalises over what is left.
+    assert set(tokens.tolist()) == {0, 1}
+    assert abs(float((tokens == 0).float().mean()) - 0.5 / 0.8) < 0.03
+
+
+def test_banned_tokens_are_never_chosen_at_their_rows_only() -> None:
+    logits = torch.zeros(3, 10)
+    logits[:, 4] = 9.0  # everyone's favourite
+    banned = (torch.tensor([0, 2]), torch.tensor([4, 4]))
+    tokens, confidence = choose_tokens(
+        logits.clone(), [3], [sampler(temperature=0.0)],
+        mask_token_id=MASK, vocab_limit=VOCAB_LIMIT, banned=banned,
+    )  # fmt: skip
+    assert tokens[1] == 4 and tokens[0] != 4 and tokens[2] != 4
+    # Like the mask token, a banned token takes no probability from the others.
+    assert abs(float(confidence[0]) - 1 / (VOCAB_LIMIT - 2)) < 1e-6

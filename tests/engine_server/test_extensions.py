@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.api_requests import parse_body
+from protocol.openai import ChatCompletionRequest, OpenAIErrorReply
 from tests.engine_server.conftest import MODEL, ServerProcess, start_server
 
 # What GuideLLM 0.8.1 sends for synthetic data with a fixed output length.
@@ -161,3 +163,20 @@ def test_unknown_fields_ignore_drops_and_counts_them(tmp_path: Path, demo_checkp
         assert error["param"] == "min_p"
     finally:
         server.stop()
+
+
+def test_ignore_drops_unknown_fields_at_any_depth() -> None:
+    part = {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [part]}], "top_a": 1,
+            "stream_options": {"include_usage": True, "chunked": 1}}  # fmt: skip
+    raw = json.dumps(body).encode()
+    with pytest.raises(OpenAIErrorReply) as refused:
+        parse_body(raw, ChatCompletionRequest)
+    assert refused.value.code == "unknown_field"
+    request, dropped = parse_body(raw, ChatCompletionRequest, ignore_unknown=True)
+    assert sorted(dropped) == [
+        "messages.0.content.list[TextPart].0.cache_control",
+        "stream_options.chunked",
+        "top_a",
+    ]
+    assert request.messages[0].text() == "hi" and request.stream_options.include_usage
