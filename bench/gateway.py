@@ -115,7 +115,7 @@ def start_gateway(tmp: Path, upstream_port: int, log: Path) -> tuple[subprocess.
         "etag": "bench",
         "deployments": [{
             "deployment": DEPLOYMENT, "model_names": [DEPLOYMENT],
-            "stable": {"version": "bench:v1", "instances": [{
+            "stable": {"version_id": 1, "version": "bench:v1", "instances": [{
                 "id": 1, "host": "local", "address": "127.0.0.1", "port": upstream_port,
                 "scheme": "http", "api_key": ENGINE_KEY}]},
         }],

@@ -138,6 +138,7 @@ def deploy_create(
 ) -> None:
     """Create deployment NAME serving --model on --hosts (operator)."""
     from protocol.rest import DeploymentCreate, Placement
+    from protocol.version_ref import VersionRef
 
     model_name, version = split_name_version(model, "--model")
     host_names, selector = _split_hosts(hosts), label_option(labels)
@@ -161,7 +162,7 @@ def deploy_create(
         print_json(created)
         return
     print(
-        f"deployment {name} created: {model_name}:{version}, "
+        f"deployment {name} created: {VersionRef(model_name, version)}, "
         f"{len(created['instances'])} instance(s)"
     )
 

@@ -76,6 +76,7 @@ def model_register(
 ) -> None:
     """Register NAME:VERSION from a checkpoint DIRECTORY: sha256 manifest plus memory plan."""
     from protocol.manifest import ManifestError, compute_manifest
+    from protocol.version_ref import VersionRef
 
     name, version = split_name_version(name_version)
     if parent is not None:
@@ -106,8 +107,8 @@ def model_register(
         print_json(plain(registered))
         return
     print(
-        f"registered {registered.model}:{registered.version} ({registered.line}): digest "
-        f"{registered.digest[:12]}, {registered.file_count} files, "
+        f"registered {VersionRef(registered.model, registered.version)} ({registered.line}): "
+        f"digest {registered.digest[:12]}, {registered.file_count} files, "
         f"{human_bytes(registered.total_bytes)}"
     )
     print(plan_note)
@@ -205,7 +206,9 @@ def model_deprecate(ref: str = typer.Argument(..., metavar="NAME:VERSION")) -> N
     name, version = split_name_version(ref)
     with connect() as api:
         api.deprecate_version(name, version)
-    print(f"{name}:{version} deprecated")
+    from protocol.version_ref import VersionRef
+
+    print(f"{VersionRef(name, version)} deprecated")
 
 
 @model_app.command("create-demo")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from client import calls
 from doctor.findings import FleetSnapshot, Points
 from protocol.rest import SeriesOut
+from protocol.version_ref import VersionRef
 
 if TYPE_CHECKING:
     from client.http import ControlPlaneClient
@@ -43,7 +44,7 @@ def collect(
     for dep in snap.deployments:
         for version in {dep.version, dep.canary_version} - {None}:
             assert version is not None
-            snap.versions[f"{dep.model}:{version}"] = api.get_version(dep.model, version)
+            snap.versions[VersionRef(dep.model, version)] = api.get_version(dep.model, version)
         snap.traffic[dep.name] = api.deployment_traffic(dep.name)
     for name in names:
         gpu_series, per_instance = split_series(api.send(calls.host_samples(name, minutes=minutes)))

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from protocol.engine_config import ChaosConfig, ModelTuning, ResourcesConfig, ServiceTuning
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, HostOut, InstanceOut, VersionOut
+from protocol.version_ref import VersionRef
 
 Severity = Literal["error", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -41,8 +42,8 @@ class FleetSnapshot:
     """Live state and recent samples of the part of the fleet the doctor looks at."""
 
     deployments: list[DeploymentOut] = field(default_factory=list)
-    # "MODEL:VERSION" -> the version (its memory plan).
-    versions: dict[str, VersionOut] = field(default_factory=dict)
+    # The deployments' versions (their memory plans), by MODEL:VERSION.
+    versions: dict[VersionRef, VersionOut] = field(default_factory=dict)
     # Hosts with their facts, latest GPU samples and instances.
     hosts: list[HostOut] = field(default_factory=list)
     # Host name -> its GPU series (`gpu0.temperature_c`, ...).

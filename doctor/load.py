@@ -9,6 +9,7 @@ import re
 
 from doctor.findings import Finding, FleetSnapshot, configured, gib
 from protocol.rest import DeploymentOut, HostOut, VersionOut
+from protocol.version_ref import VersionRef
 
 # Where the agent's reasons name the file: "file PATH does not match the manifest", "... PATH:
 # No such file". The rule quotes the file when it can find one.
@@ -39,7 +40,7 @@ def snapshot_failures(snap: FleetSnapshot) -> list[Finding]:
                     summary=f"snapshot of {ref or failure.digest[:12]} failed verification "
                     f"(file {_file_in(failure.error)})",
                     evidence={
-                        "version": ref or "?",
+                        "version": str(ref) if ref else "?",
                         "digest": failure.digest[:12],
                         "file": _file_in(failure.error),
                         "error": failure.error,
@@ -63,7 +64,7 @@ def memory_plan(snap: FleetSnapshot) -> list[Finding]:
     """A version's memory plan (weights + activations + KV) is larger than an instance's GPUs."""
     found = []
     for dep in snap.deployments:
-        version = snap.versions.get(f"{dep.model}:{dep.version}")
+        version = snap.versions.get(VersionRef(dep.model, dep.version))
         if version is None or version.memory_plan is None:
             continue
         found.extend(_memory_findings(snap, dep, version))
@@ -114,8 +115,8 @@ def _memory_findings(snap: FleetSnapshot, dep: DeploymentOut, version: VersionOu
                 rule="load.memory_plan",
                 severity="error",
                 subject=f"deployment/{dep.name}@{host_name}",
-                summary=f"{dep.model}:{dep.version} needs {gib(need)} GiB but an instance on "
-                f"{host_name} gets {gib(have)} GiB of GPU memory",
+                summary=f"{VersionRef(dep.model, dep.version)} needs {gib(need)} GiB but an "
+                f"instance on {host_name} gets {gib(have)} GiB of GPU memory",
                 evidence={
                     "needed_gib": gib(need),
                     "available_gib": gib(have),

@@ -363,7 +363,7 @@ class Proxy:
     ) -> None:
         """Count a failed attempt that was retried (traffic window only)."""
         if request.pinned is None:
-            key = (pool.deployment, pool.version, pool.name)
+            key = (pool.deployment, pool.version_id, pool.name)
             self.windows.record(key, error, latency_s, None, 0)
 
     def _finish(
@@ -387,7 +387,7 @@ class Proxy:
         if tokens:
             series.output_tokens.inc(tokens)
         if request.pinned is None:  # the sender chose the version: not the analysis's to judge
-            key = (pool.deployment, pool.version, pool.name)
+            key = (pool.deployment, pool.version_id, pool.name)
             self.windows.record(key, error, latency, ttft_s, tokens)
 
 

@@ -51,7 +51,8 @@ class VersionPool:
 
     deployment: str
     name: Pool
-    version: str
+    version_id: int  # what its traffic windows are reported by
+    version: str  # MODEL:VERSION, for people: metric labels, logs
     version_header: bytes  # x-dctl-version
     instances: tuple[Instance, ...]
 
@@ -155,7 +156,9 @@ def _pool(deployment: str, name: Pool, pool: RoutePool) -> VersionPool:
         )
         for i in pool.instances
     )
-    return VersionPool(deployment, name, pool.version, pool.version.encode("latin-1"), instances)
+    return VersionPool(
+        deployment, name, pool.version_id, pool.version, pool.version.encode("latin-1"), instances
+    )
 
 
 def _host_header(address: str, port: int) -> bytes:

@@ -33,7 +33,7 @@ from protocol.gateway import (
 
 log = logging.getLogger("dctl.gateway.traffic")
 
-WindowKey = tuple[str, str, Pool]  # deployment, version (MODEL:VERSION), pool
+WindowKey = tuple[str, int, Pool]  # deployment, version id (the routing table's), pool
 # How a request that reached a pool ended, as the windows count it (None: an answer, 2xx/3xx).
 ErrorClass = Literal["5xx", "timeout", "connect", "client_4xx"]
 MAX_WINDOWS = 4096  # a report's limit (`TrafficReport.windows`)
@@ -62,7 +62,7 @@ class TakenWindows:
     def windows(self) -> list[TrafficWindow]:
         """The windows in the report's shape."""
         return [
-            TrafficWindow(deployment=d, version=v, pool=p, **vars(c))
+            TrafficWindow(deployment=d, version_id=v, pool=p, **vars(c))
             for (d, v, p), c in sorted(self.counts.items())
         ]
 

@@ -50,7 +50,8 @@ class RouteInstance(ApiModel):
 class RoutePool(ApiModel):
     """One version of a deployment and its ready instances."""
 
-    version: str = Field(description="MODEL:VERSION")
+    version_id: int = Field(description="the version's id: traffic windows report it back")
+    version: str = Field(description="MODEL:VERSION, for people: the x-dctl-version header, logs")
     instances: list[RouteInstance] = Field(default_factory=list)
 
 
@@ -171,10 +172,15 @@ class Tally:
 
 
 class TrafficWindow(TrafficCounts):
-    """One (deployment, version, pool) of a report."""
+    """One (deployment, version, pool) of a report.
+
+    The version is its id, as the routing table's pool gave it. A gateway older than version
+    ids (which sent `version: MODEL:VERSION`) is refused with a 422 naming `version_id`: a
+    gateway talks to a control plane of its own release.
+    """
 
     deployment: Name
-    version: str = Field(max_length=200, description="MODEL:VERSION")
+    version_id: int = Field(ge=1, le=INT32_MAX, description="the pool's `version_id`")
     pool: Pool
 
 
@@ -202,8 +208,9 @@ class TrafficReport(ApiModel):
 
 
 class TrafficAccepted(ApiModel):
-    """The answer to a report: windows stored, and those skipped (deployment or version unknown,
-    e.g. deleted since the gateway's last routing table) as `DEPLOYMENT MODEL:VERSION`."""
+    """The answer to a report: windows stored, and those skipped (deployment unknown, or the
+    version not one of its model's, e.g. deleted since the gateway's last routing table) as
+    `DEPLOYMENT version VERSION_ID`."""
 
     accepted: int
     skipped: list[str] = Field(default_factory=list)
@@ -216,7 +223,8 @@ class VersionTraffic(TrafficCounts):
     """A version's merged traffic over the queried range, with its quantiles and the engines'
     diffusion figures (means over the range; None when no instance reported any)."""
 
-    version: str
+    version_id: int = Field(description="what to look a version up by")
+    version: str = Field(description="MODEL:VERSION, for people")
     pool: Pool | None = Field(default=None, description="the pool it was last served from")
     error_rate: float | None = Field(description="errors / requests; None without requests")
     latency_p50_s: float | None = None
@@ -242,7 +250,8 @@ class TrafficPoint(ApiModel):
 class VersionSeries(ApiModel):
     """A version's traffic over time, one point per `step_s` that saw traffic."""
 
-    version: str
+    version_id: int
+    version: str = Field(description="MODEL:VERSION, for people")
     points: list[TrafficPoint]
 
 

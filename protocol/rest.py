@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime
 from typing import Any
 
@@ -11,10 +10,9 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from protocol.api_model import ApiModel
 from protocol.rollout_policy import RolloutPolicy
+from protocol.version_ref import VersionRef
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS, CreatableRole
 from protocol.wire import (
-    NAME_PATTERN,
-    VERSION_PATTERN,
     ExitInfo,
     GpuStatus,
     HostFacts,
@@ -39,14 +37,6 @@ class ErrorBody(ApiModel):
     error: str
     message: str
     details: list[dict[str, Any]] = Field(default_factory=list)
-
-
-def split_ref(ref: str) -> tuple[str, str]:
-    """Split `NAME:VERSION`, checking both halves; ValueError says what is wrong."""
-    name, sep, version = ref.partition(":")
-    if not sep or not re.match(NAME_PATTERN, name) or not re.match(VERSION_PATTERN, version):
-        raise ValueError(f"{ref!r} is not NAME:VERSION (e.g. demo:v1)")
-    return name, version
 
 
 # --- hosts -------------------------------------------------------------------------------------
@@ -150,7 +140,7 @@ class RegisterVersionRequest(ApiModel):
     @classmethod
     def _parent_ref(cls, value: str | None) -> str | None:
         if value is not None:
-            split_ref(value)
+            VersionRef.parse(value)
         return value
 
 

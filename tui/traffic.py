@@ -60,18 +60,18 @@ def summarize(traffic: DeploymentTraffic | None) -> TrafficSummary:
     )
 
 
-def request_rates(traffic: DeploymentTraffic | None) -> dict[str, list[float]]:
-    """Per version, requests per second at each step of its series, oldest first."""
+def request_rates(traffic: DeploymentTraffic | None) -> dict[int, list[float]]:
+    """Per version id, requests per second at each step of its series, oldest first."""
     if traffic is None or traffic.step_s <= 0:
         return {}
-    return {s.version: [p.requests / traffic.step_s for p in s.points] for s in traffic.series}
+    return {s.version_id: [p.requests / traffic.step_s for p in s.points] for s in traffic.series}
 
 
-def p95_series(traffic: DeploymentTraffic | None) -> dict[str, list[float]]:
-    """Per version, the p95 latency (seconds) at each step that measured one."""
+def p95_series(traffic: DeploymentTraffic | None) -> dict[int, list[float]]:
+    """Per version id, the p95 latency (seconds) at each step that measured one."""
     if traffic is None:
         return {}
     return {
-        s.version: [p.latency_p95_s for p in s.points if p.latency_p95_s is not None]
+        s.version_id: [p.latency_p95_s for p in s.points if p.latency_p95_s is not None]
         for s in traffic.series
     }

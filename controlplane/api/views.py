@@ -21,6 +21,7 @@ from protocol.rest import (
     VersionOut,
 )
 from protocol.rollout_policy import RolloutPolicy
+from protocol.version_ref import VersionRef
 from protocol.wire import STORED, ExitInfo, GpuStatus, HostFacts, Manifest, MemoryPlan
 
 
@@ -118,7 +119,7 @@ def parent_refs(session: Session, versions: list[ModelVersion]) -> dict[int, str
         .join(Model, col(Model.id) == col(ModelVersion.model_id))
         .where(col(ModelVersion.id).in_(ids))
     ).all()
-    return {vid: f"{name}:{tag}" for vid, name, tag in rows if vid is not None}
+    return {vid: str(VersionRef(name, tag)) for vid, name, tag in rows if vid is not None}
 
 
 def model_out(session: Session, model: Model) -> ModelOut:

@@ -315,10 +315,10 @@ def _traffic(
     """The analysis inputs since START: the engines' figures count from the same start, as
     their samples are attributed to an instance's current version."""
     traffic = deployment_traffic(session, now, deployment.name, start, now, whole_windows=True)
-    by_version: dict[str, VersionTraffic] = {v.version: v for v in traffic.versions}
+    by_version: dict[int, VersionTraffic] = {v.version_id: v for v in traffic.versions}
     return Traffic(
-        stable=by_version.get(label(session, deployment.stable_version_id)),
-        canary=by_version.get(label(session, rollout.to_version_id)),
+        stable=by_version.get(deployment.stable_version_id),
+        canary=by_version.get(rollout.to_version_id),
     )
 
 

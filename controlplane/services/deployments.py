@@ -16,6 +16,7 @@ from controlplane.services.models import deployable_version
 from controlplane.services.placement import active_rollouts, bump_generation, place_deployment
 from protocol.engine_config import ServeConfigError, validate_deployment_config
 from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement
+from protocol.version_ref import VersionRef
 
 
 def list_deployments(session: Session) -> list[Deployment]:
@@ -61,7 +62,7 @@ def create_deployment(
         actor,
         "deployment.created",
         f"deployment/{spec.name}",
-        f"deployment {spec.name} created: {spec.model}:{spec.version}, "
+        f"deployment {spec.name} created: {VersionRef(spec.model, spec.version)}, "
         f"{spec.instances_per_host} per host",
         model=spec.model,
         version=spec.version,

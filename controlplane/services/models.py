@@ -13,8 +13,9 @@ from controlplane.eventlog import record_event
 from controlplane.heartbeat.desired_state import keep_version_ids
 from controlplane.models import Instance, Model, ModelVersion
 from controlplane.services.errors import Conflict, Forbidden, Invalid, NotFound, NotLocal
-from protocol.rest import RegisterVersionRequest, split_ref
+from protocol.rest import RegisterVersionRequest
 from protocol.sources import SourceUriError, check_source_uri, local_source_dir
+from protocol.version_ref import VersionRef
 from protocol.wire import ManifestEntry
 from runtime.model_roots import locate_in_roots
 
@@ -46,7 +47,7 @@ def get_version(session: Session, name: str, version: str) -> tuple[Model, Model
     """The model `name` and its version `version`, or NotFound."""
     found = find_version(session, name, version)
     if found is None:
-        raise NotFound(f"model version {name}:{version}")
+        raise NotFound(f"model version {VersionRef(name, version)}")
     return found
 
 
@@ -86,13 +87,14 @@ def register_version(
         model, row = existing
         if row.digest != digest:
             raise Conflict(
-                f"{name}:{request.version} is already registered with a different manifest "
-                f"(digest {row.digest}); versions are immutable: register a new version"
+                f"{VersionRef(name, request.version)} is already registered with a different "
+                f"manifest (digest {row.digest}); versions are immutable: register a new version"
             )
         return model, row, False
     parent_id = None
     if request.parent is not None:
-        parent = find_version(session, *split_ref(request.parent))
+        parent_ref = VersionRef.parse(request.parent)
+        parent = find_version(session, parent_ref.model, parent_ref.version)
         if parent is None:
             raise Invalid(f"parent {request.parent} is not registered: register it first")
         parent_id = parent[1].id
@@ -121,8 +123,8 @@ def register_version(
         now,
         actor,
         "model.registered",
-        f"model/{name}:{request.version}",
-        f"registered {name}:{request.version} "
+        f"model/{VersionRef(name, request.version)}",
+        f"registered {VersionRef(name, request.version)} "
         f"({len(request.manifest.files)} files, digest {digest[:12]})",
         digest=digest,
         line=request.line,
@@ -144,8 +146,8 @@ def deprecate_version(
             now,
             actor,
             "model.deprecated",
-            f"model/{name}:{version}",
-            f"{name}:{version} deprecated",
+            f"model/{VersionRef(name, version)}",
+            f"{VersionRef(name, version)} deprecated",
         )
     return model, row
 
@@ -154,9 +156,11 @@ def deployable_version(session: Session, name: str, version: str) -> tuple[Model
     """The version a deployment may serve: registered and not deprecated, else Invalid."""
     found = find_version(session, name, version)
     if found is None:
-        raise Invalid(f"model version {name}:{version} is not registered: `dctl model register`")
+        raise Invalid(
+            f"model version {VersionRef(name, version)} is not registered: `dctl model register`"
+        )
     if found[1].deprecated:
-        raise Invalid(f"{name}:{version} is deprecated: deploy a newer version")
+        raise Invalid(f"{VersionRef(name, version)} is deprecated: deploy a newer version")
     return found
 
 
@@ -178,13 +182,14 @@ def source_file(session: Session, name: str, version: str, path: str) -> SourceF
     _model, row = get_version(session, name, version)
     entry = next((e for e in row.manifest if e["path"] == path), None)
     if entry is None:
-        raise NotFound(f"file {path!r} in the manifest of {name}:{version}")
+        raise NotFound(f"file {path!r} in the manifest of {VersionRef(name, version)}")
     source = local_source_dir(row.source_uri)
     if source is None:
         raise NotLocal(
-            f"{name}:{version} lives at {row.source_uri}, not on the control plane: fetch it there"
+            f"{VersionRef(name, version)} lives at {row.source_uri}, not on the control plane: "
+            "fetch it there"
         )
-    return SourceFile(f"{name}:{version}", ManifestEntry.model_validate(entry), source)
+    return SourceFile(str(VersionRef(name, version)), ManifestEntry.model_validate(entry), source)
 
 
 def versions_visible_to_host(session: Session, host_id: int) -> set[int]:
@@ -209,6 +214,6 @@ def ensure_host_may_fetch(session: Session, host_id: int | None, name: str, vers
         or found[1].id not in versions_visible_to_host(session, host_id)
     ):
         raise Forbidden(
-            f"this agent's host runs no instance of {name}:{version}: an agent may fetch only "
-            "the versions in its host's desired state"
+            f"this agent's host runs no instance of {VersionRef(name, version)}: an agent may "
+            "fetch only the versions in its host's desired state"
         )

@@ -44,6 +44,7 @@ from controlplane.planner import (
 )
 from controlplane.services.errors import Conflict, Invalid
 from protocol.rollouts import ACTIVE_STATES, RestartStage, RolloutKind
+from protocol.version_ref import VersionRef
 from protocol.wire import MemoryPlan
 
 # Engine API keys carry a prefix so a leaked one is recognisable (and greppable) as dctl's.
@@ -318,7 +319,7 @@ def load_versions(session: Session, ids: Sequence[int]) -> dict[int, VersionView
         .where(col(ModelVersion.id).in_(set(ids)))
     ).all()
     return {
-        vid: VersionView(f"{name}:{tag}", MemoryPlan(**plan) if plan else None)
+        vid: VersionView(str(VersionRef(name, tag)), MemoryPlan(**plan) if plan else None)
         for vid, name, tag, plan in rows
         if vid is not None
     }

@@ -32,7 +32,6 @@ from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
 from controlplane.services.placement import load_versions, surge_problems
 from controlplane.services.traffic import canary_share
-from protocol.rest import split_ref
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
 from protocol.rollouts import (
     ACTIVE_STATES,
@@ -48,6 +47,7 @@ from protocol.rollouts import (
     RolloutPhase,
     RolloutState,
 )
+from protocol.version_ref import VersionRef
 from protocol.wire import InstanceState
 
 HISTORY_LIMIT = 50
@@ -60,7 +60,8 @@ def _version_tag(session: Session, deployment: Deployment, ref: str) -> str:
     if ":" not in ref:
         return ref
     try:
-        name, tag = split_ref(ref)
+        named = VersionRef.parse(ref)
+        name, tag = named.model, named.version
     except ValueError as exc:
         raise Invalid(str(exc)) from None
     if name != model.name:

@@ -55,6 +55,7 @@ def routing_table(session: Session, now: datetime) -> RouteTable:
         canary = None
         if rollout is not None:
             canary = RoutePool(
+                version_id=rollout.to_version_id,
                 version=labels[rollout.to_version_id],
                 instances=pools.get((dep_id, rollout.to_version_id), []),
             )
@@ -63,7 +64,9 @@ def routing_table(session: Session, now: datetime) -> RouteTable:
                 deployment=name,
                 model_names=[name],
                 stable=RoutePool(
-                    version=labels[stable_id], instances=pools.get((dep_id, stable_id), [])
+                    version_id=stable_id,
+                    version=labels[stable_id],
+                    instances=pools.get((dep_id, stable_id), []),
                 ),
                 canary=canary,
                 canary_weight=rollout.canary_weight if rollout is not None else 0,

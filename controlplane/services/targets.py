@@ -41,6 +41,7 @@ from protocol.monitoring import (
     same_address,
     split_metrics_url,
 )
+from protocol.version_ref import VersionRef
 from protocol.wire import DesiredInstanceState, HostState, InstanceState, check_metrics_url
 
 
@@ -187,7 +188,7 @@ def _versions_by_digest(session: Session, digests: set[str]) -> dict[tuple[int, 
         .join(Model, col(Model.id) == col(ModelVersion.model_id))
         .where(col(ModelVersion.digest).in_(digests))
     ).all()
-    return {(model_id, digest): f"{name}:{tag}" for model_id, digest, name, tag in rows}
+    return {(model_id, digest): str(VersionRef(name, tag)) for model_id, digest, name, tag in rows}
 
 
 def _gateways(session: Session, now: datetime) -> list[ScrapeTargetGroup]:

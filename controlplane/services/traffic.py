@@ -21,7 +21,7 @@ from sqlalchemy import insert
 from sqlmodel import Session, col, func, select
 
 from controlplane.heartbeat.samples import histogram_count_name, histogram_sum_name
-from controlplane.models import Deployment, Instance, MetricSample, Model, ModelVersion
+from controlplane.models import Deployment, Instance, MetricSample, ModelVersion
 from controlplane.models import TrafficWindow as WindowRow
 from controlplane.services.deployments import get_deployment
 from controlplane.services.errors import Invalid
@@ -62,8 +62,9 @@ _QUERIED = ("version_id", "pool", "gateway", "ended_at", *_COUNTS, "latency_buck
 
 
 def record_report(session: Session, now: datetime, report: TrafficReport) -> TrafficAccepted:
-    """Store one row per window of REPORT; windows of unknown deployments or versions (deleted
-    since the gateway's routing table, or never there) are skipped and named, never refused.
+    """Store one row per window of REPORT, by the version id it carries; windows of unknown
+    deployments, or of versions that are not of the deployment's model (deleted since the
+    gateway's routing table, or never there) are skipped and named, never refused.
     The same report posted again (a retry after a lost answer) stores nothing twice.
 
     Invalid when the report ends more than `MAX_CLOCK_AHEAD` after NOW (the gateway's clock).
@@ -83,13 +84,14 @@ def record_report(session: Session, now: datetime, report: TrafficReport) -> Tra
             )
         ).all()
     }
-    models = {w.version.partition(":")[0] for w in report.windows}
-    versions = {
-        (model_id, f"{model}:{tag}"): vid
-        for vid, model_id, model, tag in session.exec(
-            select(ModelVersion.id, ModelVersion.model_id, Model.name, ModelVersion.version)
-            .join(Model, col(Model.id) == col(ModelVersion.model_id))
-            .where(col(Model.name).in_(models))
+    # The model of each version id named: a window counts only for a version of its
+    # deployment's own model, whatever id the gateway sends.
+    model_of = {
+        vid: model_id
+        for vid, model_id in session.exec(
+            select(ModelVersion.id, ModelVersion.model_id).where(
+                col(ModelVersion.id).in_({w.version_id for w in report.windows})
+            )
         ).all()
     }
     # A gateway posts a report again when it got no answer: what is stored already counts once.
@@ -105,9 +107,9 @@ def record_report(session: Session, now: datetime, report: TrafficReport) -> Tra
     rows, skipped, again = [], [], 0
     for window in report.windows:
         dep = deployments.get(window.deployment)
-        version_id = versions.get((dep[1], window.version)) if dep else None
-        if dep is None or version_id is None:
-            skipped.append(f"{window.deployment} {window.version}")
+        version_id = window.version_id
+        if dep is None or model_of.get(version_id) != dep[1]:
+            skipped.append(f"{window.deployment} version {version_id}")
             continue
         if (dep[0], version_id, window.pool) in stored:
             again += 1
@@ -243,6 +245,7 @@ def deployment_traffic(
         means = diffusion.get(vid, {})
         versions.append(
             VersionTraffic(
+                version_id=vid,
                 version=labels.get(vid, ""),
                 pool=pools.get(vid),
                 requests=merged.requests,
@@ -267,6 +270,7 @@ def deployment_traffic(
         )
     series = [
         VersionSeries(
+            version_id=vid,
             version=labels.get(vid, ""),
             points=[
                 merged.point(datetime.fromtimestamp(k * step, tz=until.tzinfo))

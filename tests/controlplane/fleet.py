@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlmodel import Session, col, select
+
+from controlplane.models import Model, ModelVersion
+from protocol.version_ref import VersionRef
 from protocol.wire import Manifest
 from tests.controlplane.conftest import Api, deploy, gpu, manifest, register_version
 
@@ -57,3 +61,16 @@ def report(
     ]
     beat(api, agent, instances=observed, advertise_address=address)
     return desired
+
+
+def version_id_of(api: Api, ref: str) -> int:
+    """The id of REF (`MODEL:VERSION`) in the store: what routes and traffic windows carry."""
+    version = VersionRef.parse(ref)
+    with Session(api.engine) as session:
+        found = session.exec(
+            select(ModelVersion.id)
+            .join(Model, col(Model.id) == col(ModelVersion.model_id))
+            .where(Model.name == version.model, ModelVersion.version == version.version)
+        ).one()
+    assert found is not None
+    return found

@@ -35,8 +35,9 @@ def buckets(**at: int) -> list[int]:
 def pool(version: str, latency: list[int], errors: int = 0, **extra: Any) -> VersionTraffic:
     n = sum(latency)
     return VersionTraffic(
-        version=version, requests=n, errors_5xx=errors, latency_buckets=latency,
-        ttft_buckets=latency, error_rate=errors / n if n else None, **extra,
+        version_id=int(version.removeprefix("m:v")), version=version, requests=n,
+        errors_5xx=errors, latency_buckets=latency, ttft_buckets=latency,
+        error_rate=errors / n if n else None, **extra,
     )  # fmt: skip
 
 

@@ -19,7 +19,15 @@ from controlplane.rollouts.notify import Notifier
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
 from protocol.rollouts import RolloutOut, RolloutPhase, RolloutState
 from tests.controlplane.conftest import Api
-from tests.controlplane.fleet import ADDRESS, V1_DIGEST, V2_DIGEST, beat, report, serving_fleet
+from tests.controlplane.fleet import (
+    ADDRESS,
+    V1_DIGEST,
+    V2_DIGEST,
+    beat,
+    report,
+    serving_fleet,
+    version_id_of,
+)
 
 V = "/api/v1"
 INTERVAL = 60
@@ -77,8 +85,8 @@ def traffic(
     ):  # fmt: skip
         if n:
             windows.append({
-                "deployment": "web", "version": version, "pool": pool, "requests": n,
-                "errors_5xx": errors, "latency_buckets": latency(seconds, n),
+                "deployment": "web", "version_id": version_id_of(api, version), "pool": pool,
+                "requests": n, "errors_5xx": errors, "latency_buckets": latency(seconds, n),
                 "latency_sum_s": seconds * n, "ttft_buckets": latency(seconds / 3, n),
                 "ttft_sum_s": seconds / 3 * n,
             })  # fmt: skip

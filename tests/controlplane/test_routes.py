@@ -17,7 +17,14 @@ from client.http import AsyncControlPlaneClient, ControlPlaneClient
 from protocol.gateway import CanarySet, RouteTable, TrafficReport, TrafficWindow
 from protocol.rollouts import RolloutState
 from tests.controlplane.conftest import Api, deploy, statements
-from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, report, serving_fleet
+from tests.controlplane.fleet import (
+    ADDRESS,
+    V2_DIGEST,
+    beat,
+    report,
+    serving_fleet,
+    version_id_of,
+)
 
 V = "/api/v1"
 
@@ -44,6 +51,7 @@ def test_ready_instances_are_listed_with_address_and_key_and_the_etag_tracks_cha
     assert empty.headers["etag"] == f'"{before.etag}"'
     [web] = before.deployments
     assert (web.deployment, web.model_names, web.stable.version) == ("web", ["web"], "demo:v1")
+    assert web.stable.version_id == version_id_of(api, "demo:v1")  # what windows report back
     assert web.stable.instances == [] and web.canary is None and web.canary_weight == 0
 
     desired = report(api, agent)
@@ -254,18 +262,19 @@ def test_the_rest_client_speaks_every_gateway_call(api: Api) -> None:
         changed = gw.routes(first.etag)
         assert changed is not None and changed.etag != first.etag
         now = api.clock()
+        stable = first.deployments[0].stable.version_id
         accepted = gw.report_traffic(
             TrafficReport(
                 gateway="gw-1",
                 started_at=now - timedelta(seconds=5),
                 ended_at=now,
                 windows=[
-                    TrafficWindow(deployment="web", version="demo:v1", pool="stable", requests=3),
-                    TrafficWindow(deployment="gone", version="demo:v1", pool="stable"),
+                    TrafficWindow(deployment="web", version_id=stable, pool="stable", requests=3),
+                    TrafficWindow(deployment="gone", version_id=stable, pool="stable"),
                 ],
             )
         )
-        assert (accepted.accepted, accepted.skipped) == (1, ["gone demo:v1"])
+        assert (accepted.accepted, accepted.skipped) == (1, [f"gone version {stable}"])
         with pytest.raises(ClientError) as refused:
             gw.set_canary("web", CanarySet(version="v2", weight=10))
         assert refused.value.status == 403

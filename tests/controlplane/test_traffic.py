@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from controlplane.services.traffic import histogram_quantile
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, DeploymentTraffic
 from tests.controlplane.conftest import Api, deploy, register_version
-from tests.controlplane.fleet import ADDRESS, beat, report, serving_fleet
+from tests.controlplane.fleet import ADDRESS, beat, report, serving_fleet, version_id_of
 
 V = "/api/v1"
 
@@ -28,8 +28,8 @@ def buckets(**counts: int) -> list[int]:
     return out
 
 
-def window(version: str = "demo:v1", deployment: str = "web", **counts: Any) -> dict[str, Any]:
-    return {"deployment": deployment, "version": version, "pool": "stable", **counts}
+def window(version_id: int, deployment: str = "web", **counts: Any) -> dict[str, Any]:
+    return {"deployment": deployment, "version_id": version_id, "pool": "stable", **counts}
 
 
 def post(
@@ -64,13 +64,14 @@ def test_histogram_quantile_interpolates_like_prometheus() -> None:
 
 def test_two_gateways_windows_merge_into_one_series(api: Api) -> None:
     serving_fleet(api)
+    v1 = version_id_of(api, "demo:v1")
     gw_a, gw_b = api.token("gateway"), api.token("gateway")
     start = api.clock()
     # gw-a: 8 requests in two windows, 1 answered 5xx and 1 timed out; gw-b: 12, 2 failed to
     # connect, 3 answered 4xx (the clients' doing: not errors of the version).
     first = post(
         api, gw_a, "gw-a", start - timedelta(seconds=55),
-        window(requests=6, errors_5xx=1, output_tokens=60, latency_buckets=buckets(b0_1=6),
+        window(v1, requests=6, errors_5xx=1, output_tokens=60, latency_buckets=buckets(b0_1=6),
                latency_sum_s=0.5, ttft_buckets=buckets(b0_05=6), ttft_sum_s=0.2),
     )  # fmt: skip
     assert first.status_code == 200, first.text
@@ -78,24 +79,25 @@ def test_two_gateways_windows_merge_into_one_series(api: Api) -> None:
     # The same report again (the gateway got no answer and retried): counted once.
     retried = post(
         api, gw_a, "gw-a", start - timedelta(seconds=55),
-        window(requests=6, errors_5xx=1, output_tokens=60, latency_buckets=buckets(b0_1=6),
+        window(v1, requests=6, errors_5xx=1, output_tokens=60, latency_buckets=buckets(b0_1=6),
                latency_sum_s=0.5, ttft_buckets=buckets(b0_05=6), ttft_sum_s=0.2),
     )  # fmt: skip
     assert retried.json() == {"accepted": 1, "skipped": []}
     assert post(
         api, gw_b, "gw-b", start - timedelta(seconds=52),
-        window(requests=12, errors_connect=2, client_4xx=3, output_tokens=100,
+        window(v1, requests=12, errors_connect=2, client_4xx=3, output_tokens=100,
                latency_buckets=buckets(b0_1=2, b0_5=10), latency_sum_s=3.0,
                ttft_buckets=buckets(inf=12), ttft_sum_s=4000.0),
     ).is_success  # fmt: skip
     assert post(
         api, gw_a, "gw-a", start - timedelta(seconds=44),
-        window(requests=2, errors_timeout=1, output_tokens=5,
+        window(v1, requests=2, errors_timeout=1, output_tokens=5,
                latency_buckets=buckets(b0_25=2), latency_sum_s=0.4),
     ).is_success  # fmt: skip
     # Outside the range asked for below: ended before it, or after it.
-    assert post(api, gw_a, "gw-a", start - timedelta(seconds=61), window(requests=100)).is_success
-    assert post(api, gw_b, "gw-b", start, window(requests=100)).is_success
+    before = start - timedelta(seconds=61)
+    assert post(api, gw_a, "gw-a", before, window(v1, requests=100)).is_success
+    assert post(api, gw_b, "gw-b", start, window(v1, requests=100)).is_success
 
     response = query(
         api, since=(start - timedelta(seconds=60)).isoformat(),
@@ -104,27 +106,27 @@ def test_two_gateways_windows_merge_into_one_series(api: Api) -> None:
     assert response.status_code == 200, response.text
     traffic = DeploymentTraffic.model_validate(response.json())
     assert (traffic.deployment, traffic.step_s, traffic.gateways) == ("web", 10, 2)
-    [v1] = traffic.versions
-    assert (v1.version, v1.pool) == ("demo:v1", "stable")
-    assert (v1.requests, v1.errors_5xx, v1.errors_timeout, v1.errors_connect, v1.client_4xx) == (
-        20, 1, 1, 2, 3,
-    )  # fmt: skip
-    assert v1.output_tokens == 165 and v1.errors == 4 and v1.error_rate == pytest.approx(0.2)
-    assert v1.latency_buckets == buckets(b0_1=8, b0_25=2, b0_5=10)
-    assert v1.latency_sum_s == pytest.approx(3.9)
+    [stable] = traffic.versions
+    assert (stable.version_id, stable.version, stable.pool) == (v1, "demo:v1", "stable")
+    assert (stable.requests, stable.errors_5xx, stable.errors_timeout, stable.errors_connect,
+            stable.client_4xx) == (20, 1, 1, 2, 3)  # fmt: skip
+    assert stable.output_tokens == 165 and stable.errors == 4
+    assert stable.error_rate == pytest.approx(0.2)
+    assert stable.latency_buckets == buckets(b0_1=8, b0_25=2, b0_5=10)
+    assert stable.latency_sum_s == pytest.approx(3.9)
     # Hand-computed from the merged buckets (see the quantile test above).
-    assert v1.latency_p50_s == pytest.approx(0.25)
-    assert v1.latency_p95_s == pytest.approx(0.475)
-    assert v1.latency_p99_s == pytest.approx(0.25 + 0.25 * 0.98)
+    assert stable.latency_p50_s == pytest.approx(0.25)
+    assert stable.latency_p95_s == pytest.approx(0.475)
+    assert stable.latency_p99_s == pytest.approx(0.25 + 0.25 * 0.98)
     # TTFT: 6 in (0.025, 0.05], 12 above 300 s: p50 (rank 9) is in +Inf -> 300.
-    assert v1.ttft_buckets == buckets(b0_05=6, inf=12)
-    assert v1.ttft_p50_s == 300.0 and v1.ttft_p95_s == 300.0
-    assert v1.steps_per_block is None and v1.tokens_per_forward is None  # no engine reported
+    assert stable.ttft_buckets == buckets(b0_05=6, inf=12)
+    assert stable.ttft_p50_s == 300.0 and stable.ttft_p95_s == 300.0
+    assert stable.steps_per_block is None and stable.tokens_per_forward is None  # no engine
 
     # Steps are (k*10 s, (k+1)*10 s], labelled by their end: 11:59:05 and 11:59:08 -> 11:59:10;
     # 11:59:16 -> 11:59:20.
     [series] = traffic.series
-    assert series.version == "demo:v1"
+    assert (series.version_id, series.version) == (v1, "demo:v1")
     points = [(p.time, p.requests, p.errors, p.output_tokens) for p in series.points]
     assert points == [
         (start - timedelta(seconds=50), 18, 3, 160),
@@ -143,49 +145,63 @@ def test_two_gateways_windows_merge_into_one_series(api: Api) -> None:
 
 def test_canary_and_stable_are_reported_apart(api: Api) -> None:
     serving_fleet(api, per_host=2)
+    v1, v2 = version_id_of(api, "demo:v1"), version_id_of(api, "demo:v2")
     assert api.as_admin(
         "PUT", f"{V}/deployments/web/canary", json={"version": "v2", "weight": 10}
     ).is_success
     gateway = api.token("gateway")
-    canary = {**window("demo:v2", requests=4, errors_5xx=4), "pool": "canary"}
-    assert post(api, gateway, "gw-a", api.clock(), window(requests=36), canary).is_success
+    canary = {**window(v2, requests=4, errors_5xx=4), "pool": "canary"}
+    assert post(api, gateway, "gw-a", api.clock(), window(v1, requests=36), canary).is_success
     traffic = DeploymentTraffic.model_validate(query(api).json())
-    rates = {v.version: (v.pool, v.requests, v.error_rate) for v in traffic.versions}
-    assert rates == {"demo:v1": ("stable", 36, 0.0), "demo:v2": ("canary", 4, 1.0)}
+    rates = {v.version_id: (v.version, v.pool, v.requests, v.error_rate) for v in traffic.versions}
+    assert rates == {v1: ("demo:v1", "stable", 36, 0.0), v2: ("demo:v2", "canary", 4, 1.0)}
 
 
 def test_windows_of_unknown_deployments_or_versions_are_skipped(api: Api) -> None:
     serving_fleet(api)
     register_version(api, name="other")
+    v1, v2 = version_id_of(api, "demo:v1"), version_id_of(api, "demo:v2")
+    other = version_id_of(api, "other:v1")
+    unknown = max(v1, v2, other) + 1
     gateway = api.token("gateway")
     response = post(
         api,
         gateway,
         "gw-a",
         api.clock(),
-        window(requests=1),
-        window(deployment="gone", requests=2),
-        window("demo:v9", requests=3),
-        window("other:v1", requests=4),  # registered, but not of web's model
-        window("not-a-ref", requests=5),
-        window("demo:v2", requests=6),
+        window(v1, requests=1),
+        window(v1, deployment="gone", requests=2),
+        window(unknown, requests=3),
+        window(other, requests=4),  # registered, but not of web's model
+        window(v2, requests=6),  # web's model's, though not routed: counted
     )
     assert response.status_code == 200, response.text
     assert response.json() == {
         "accepted": 2,
-        "skipped": ["gone demo:v1", "web demo:v9", "web other:v1", "web not-a-ref"],
+        "skipped": [f"gone version {v1}", f"web version {unknown}", f"web version {other}"],
     }
     traffic = DeploymentTraffic.model_validate(query(api).json())
     assert {v.version: v.requests for v in traffic.versions} == {"demo:v1": 1, "demo:v2": 6}
 
 
+def test_a_report_without_version_ids_is_refused_naming_the_field(api: Api) -> None:
+    # A gateway of an older release sent MODEL:VERSION; its windows cannot be matched by id.
+    serving_fleet(api)
+    old = {"deployment": "web", "version": "demo:v1", "pool": "stable", "requests": 1}
+    response = post(api, api.token("gateway"), "gw-old", api.clock(), old)
+    assert response.status_code == 422, response.text
+    assert response.json()["message"].startswith("windows.0.version_id: Field required")
+    assert DeploymentTraffic.model_validate(query(api).json()).versions == []
+
+
 def test_bad_reports_and_queries_are_refused_with_what_to_fix(api: Api) -> None:
     serving_fleet(api)
+    v1 = version_id_of(api, "demo:v1")
     gateway = api.token("gateway")
     now = api.clock()
-    ahead = post(api, gateway, "gw-a", now + timedelta(minutes=10), window())
+    ahead = post(api, gateway, "gw-a", now + timedelta(minutes=10), window(v1))
     assert ahead.status_code == 422 and "sync the gateway host's clock" in ahead.json()["message"]
-    short = post(api, gateway, "gw-a", now, window(latency_buckets=[1, 2]))
+    short = post(api, gateway, "gw-a", now, window(v1, latency_buckets=[1, 2]))
     assert short.status_code == 422 and "must have 16 buckets" in short.json()["message"]
     backwards = api.call(
         "POST", f"{V}/traffic", gateway,
@@ -256,10 +272,11 @@ def test_diffusion_figures_come_from_the_engines_heartbeats(api: Api) -> None:
 
 def test_old_windows_are_pruned_with_the_samples(api: Api) -> None:
     serving_fleet(api)
+    v1 = version_id_of(api, "demo:v1")
     gateway = api.token("gateway")
     now = api.clock()
-    assert post(api, gateway, "gw-a", now - timedelta(hours=23), window(requests=1)).is_success
-    assert post(api, gateway, "gw-a", now, window(requests=2)).is_success
+    assert post(api, gateway, "gw-a", now - timedelta(hours=23), window(v1, requests=1)).is_success
+    assert post(api, gateway, "gw-a", now, window(v1, requests=2)).is_success
 
     def requests() -> list[int]:
         with api.engine.connect() as conn:
@@ -273,8 +290,9 @@ def test_old_windows_are_pruned_with_the_samples(api: Api) -> None:
 
 def test_windows_go_with_their_deployment(api: Api) -> None:
     serving_fleet(api)
+    v1 = version_id_of(api, "demo:v1")
     gateway = api.token("gateway")
-    assert post(api, gateway, "gw-a", api.clock(), window(requests=1)).is_success
+    assert post(api, gateway, "gw-a", api.clock(), window(v1, requests=1)).is_success
     assert api.as_admin("DELETE", f"{V}/deployments/web").status_code == 204
     assert deploy(api, "web", ["gpu-1"]).status_code == 201
     assert DeploymentTraffic.model_validate(query(api).json()).versions == []
@@ -288,6 +306,7 @@ def test_a_big_report_passes_the_ordinary_body_limit_for_gateways_only(api: Api)
               "client_4xx": 123456, "output_tokens": 123456789, "latency_sum_s": 12345.678901,
               "ttft_sum_s": 1234.5678901}  # fmt: skip
     full = window(
+        version_id_of(api, "demo:v1"),
         requests=1,
         latency_buckets=[123456] * BUCKET_COUNT,
         ttft_buckets=[123456] * BUCKET_COUNT,

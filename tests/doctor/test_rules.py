@@ -5,6 +5,7 @@ from __future__ import annotations
 from doctor import diagnose, hardware, has_error, load, serving, uptime
 from doctor.findings import FleetSnapshot, Points
 from protocol.gateway import DeploymentTraffic, VersionTraffic
+from protocol.version_ref import VersionRef
 from protocol.wire import HostFacts, MemoryPlan, PreflightCheck, SnapshotFailure
 from tests.doctor.builders import (
     GIB,
@@ -52,7 +53,7 @@ def test_memory_plan_larger_than_the_gpus() -> None:
     plan = MemoryPlan(weights_bytes=150 * GIB, kv_bytes_per_token=2 * 2**20)
     config = {"service": {"max_concurrent_requests": 1}}
     snap = fleet(deployment(instance(1), gpus_per_instance=1, engine_config=config), host(gpus=4))
-    snap.versions["demo:v1"] = version(plan)
+    snap.versions[VersionRef("demo", "v1")] = version(plan)
     [found] = load.memory_plan(snap)
     assert found.severity == "error"
     assert found.evidence["needed_gib"] == 158.0 and found.evidence["available_gib"] == 68.0
@@ -64,7 +65,7 @@ def test_memory_plan_that_fits_says_nothing() -> None:
     # 20 GiB + 1 KiB x 32 slots x 4096 tokens = 20.1 GiB on 2 x 80 GiB x 0.85 = 136 GiB.
     plan = MemoryPlan(weights_bytes=20 * GIB, kv_bytes_per_token=2**10)
     snap = fleet(deployment(instance(1)))
-    snap.versions["demo:v1"] = version(plan)
+    snap.versions[VersionRef("demo", "v1")] = version(plan)
     assert load.memory_plan(snap) == []
 
 
@@ -73,7 +74,7 @@ def test_a_small_memory_fraction_makes_it_not_fit() -> None:
     plan = MemoryPlan(weights_bytes=40 * GIB, kv_bytes_per_token=2**20)
     config = {"resources": {"memory_fraction": 0.2}}
     snap = fleet(deployment(instance(1), engine_config=config))
-    snap.versions["demo:v1"] = version(plan)
+    snap.versions[VersionRef("demo", "v1")] = version(plan)
     [found] = load.memory_plan(snap)
     assert found.evidence["memory_fraction"] == 0.2 and found.evidence["available_gib"] == 32.0
     assert "raise resources.memory_fraction" in found.fix and "max_seq_len" not in found.fix
@@ -84,7 +85,7 @@ def test_kv_for_every_slot_is_what_does_not_fit() -> None:
     # (128 GiB) does not: 96 GiB left hold 98304 tokens, 24 slots or 3072 tokens each.
     plan = MemoryPlan(weights_bytes=40 * GIB, kv_bytes_per_token=2**20)
     snap = fleet(deployment(instance(1)))
-    snap.versions["demo:v1"] = version(plan)
+    snap.versions[VersionRef("demo", "v1")] = version(plan)
     [found] = load.memory_plan(snap)
     assert found.evidence["needed_gib"] == 168.0 and found.evidence["available_gib"] == 136.0
     assert "max_concurrent_requests to 24" in found.fix and "max_seq_len to 3072" in found.fix
@@ -149,7 +150,9 @@ def test_a_rare_429_is_a_warning_and_none_is_nothing() -> None:
 
 
 def test_gateway_timeouts() -> None:
-    counts = VersionTraffic(version="v1", requests=200, errors_timeout=20, error_rate=0.1)
+    counts = VersionTraffic(
+        version_id=1, version="demo:v1", requests=200, errors_timeout=20, error_rate=0.1
+    )
     traffic = DeploymentTraffic(deployment="web", since=T0, until=T0, step_s=10, gateways=1,
                                 versions=[counts], series=[])  # fmt: skip
     snap = fleet(deployment(instance(1)), traffic={"web": traffic})

@@ -35,6 +35,12 @@ ENGINES: dict[str, tuple[int, str]] = {
     "k": (12, "ok"), "l": (13, "500"),
 }  # fmt: skip
 DEAD_ID = 11
+# The routing table's version ids, by the MODEL:VERSION clients see in `x-dctl-version`.
+VERSION_IDS = {
+    "main-model:v1": 1, "main-model:v2": 2, "solo-model:v1": 3, "errors-model:v1": 4,
+    "draining-model:v1": 5, "twice-model:v1": 6, "dead-model:v1": 7, "empty-model:v1": 8,
+    "starved-model:v1": 9, "starved-model:v2": 10,
+}  # fmt: skip
 CLIENTS: dict[str, list[str] | None] = {
     "full": None, "scoped": ["solo"], "expired": None,
     "strict-inflight": None, "strict-burst": None, "strict-body": None, "strict-pool": None,
@@ -105,7 +111,8 @@ def routes_table(engines: dict[str, CannedEngine], tokens: dict[str, str]) -> di
         return {**_instance(name), "port": engines[name].port}
 
     def pool(version: str, *names: str) -> dict[str, Any]:
-        return {"version": version, "instances": [inst(n) for n in names]}
+        return {"version_id": VERSION_IDS[version], "version": version,
+                "instances": [inst(n) for n in names]}  # fmt: skip
 
     dead = {"id": DEAD_ID, "host": "host-dead", "address": "127.0.0.1", "port": refused_port(),
             "api_key": "dctl_ik_dead"}  # fmt: skip
@@ -123,7 +130,7 @@ def routes_table(engines: dict[str, CannedEngine], tokens: dict[str, str]) -> di
         deployment("errors", pool("errors-model:v1", "e")),
         deployment("draining", pool("draining-model:v1", "f", "g")),
         deployment("twice", pool("twice-model:v1", "h", "i")),
-        deployment("dead", {"version": "dead-model:v1", "instances": [inst("j"), dead]}),
+        deployment("dead", {**pool("dead-model:v1", "j"), "instances": [inst("j"), dead]}),
         deployment(  # a canary the gateway ejects: far less than its weight
             "starved", pool("starved-model:v1", "k"),
             canary=pool("starved-model:v2", "l"), canary_weight=50,

@@ -13,13 +13,13 @@ from tests.clock import FakeClock
 
 
 def _table(weight: int = 20, stable: int = 2, canary: int = 1) -> RoutingTable:
-    def pool(version: str, first_id: int, n: int) -> dict[str, object]:
+    def pool(version_id: int, first_id: int, n: int) -> dict[str, object]:
         instances = [
             {"id": first_id + i, "host": "h", "address": "10.0.0.1", "port": 8000 + first_id + i,
              "api_key": "k"}
             for i in range(n)
         ]  # fmt: skip
-        return {"version": version, "instances": instances}
+        return {"version_id": version_id, "version": f"m:{version_id}", "instances": instances}
 
     return RoutingTable.compile(
         RouteTable.model_validate(
@@ -29,8 +29,8 @@ def _table(weight: int = 20, stable: int = 2, canary: int = 1) -> RoutingTable:
                     {
                         "deployment": "d",
                         "model_names": ["m"],
-                        "stable": pool("m:1", 1, stable),
-                        "canary": pool("m:2", 100, canary),
+                        "stable": pool(1, 1, stable),
+                        "canary": pool(2, 100, canary),
                         "canary_weight": weight,
                     },
                 ],

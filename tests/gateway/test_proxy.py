@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.gateway.canned_engine import COMPLETION_TOKENS
-from tests.gateway.conftest import DEAD_ID, ENGINES, LiveGateway
+from tests.gateway.conftest import DEAD_ID, ENGINES, VERSION_IDS, LiveGateway
 
 
 def _wait_for(predicate: object, timeout_s: float = 5.0) -> None:
@@ -182,7 +182,7 @@ def test_a_dead_instance_costs_no_request_and_is_ejected(gateway: LiveGateway) -
     assert after[retried] - before.get(retried, 0) >= 3
     assert gateway.gateway.balancer.is_ejected(DEAD_ID)
     # The failed attempts count against the version, apart from the clients' answers.
-    window = gateway.gateway.windows.peek(("dead", "dead-model:v1", "stable"))
+    window = gateway.gateway.windows.peek(("dead", VERSION_IDS["dead-model:v1"], "stable"))
     assert window is not None and window.errors_connect >= 3
 
 
@@ -243,7 +243,7 @@ def test_5xx_answers_pass_through_and_are_counted(gateway: LiveGateway) -> None:
     metrics = gateway.metrics()
     labels = "deployment=errors,pinned=false,pool=stable,version=errors-model:v1"
     assert metrics[f"dctl_gateway_requests_total{{code=500,{labels}}}"] == 2
-    window = gateway.gateway.windows.peek(("errors", "errors-model:v1", "stable"))
+    window = gateway.gateway.windows.peek(("errors", VERSION_IDS["errors-model:v1"], "stable"))
     assert window is not None and window.errors_5xx == 2
 
 
@@ -293,14 +293,14 @@ def test_metrics_show_the_series(gateway: LiveGateway) -> None:
     assert metrics[f"dctl_gateway_request_duration_seconds_bucket{{{inf}}}"] >= 2
     assert metrics[f"dctl_gateway_output_tokens_total{{{labels}}}"] >= 2 * COMPLETION_TOKENS
     assert metrics["dctl_gateway_inflight{}"] == 0
-    window = gateway.gateway.windows.peek(("solo", "solo-model:v1", "stable"))
+    window = gateway.gateway.windows.peek(("solo", VERSION_IDS["solo-model:v1"], "stable"))
     assert window is not None and window.output_tokens >= 2 * COMPLETION_TOKENS
 
 
 def test_streamed_tokens_count_without_include_usage_and_the_client_stream_is_unchanged(
     gateway: LiveGateway,
 ) -> None:
-    key = ("solo", "solo-model:v1", "stable")
+    key = ("solo", VERSION_IDS["solo-model:v1"], "stable")
     labels = "deployment=solo,pinned=false,pool=stable,version=solo-model:v1"
     tokens = f"dctl_gateway_output_tokens_total{{{labels}}}"
     window = gateway.gateway.windows.peek(key)

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway.conftest import LiveGateway
+from tests.gateway.conftest import VERSION_IDS, LiveGateway
 
 
 def _error(answer: httpx.Response, status: int) -> dict[str, object]:
@@ -118,14 +118,14 @@ def test_past_max_inflight_is_a_503_and_a_hung_engine_a_504(strict: LiveGateway)
     # upstream_timeout_s is 1 s on this gateway.
     assert sorted(r.status_code for r in results) == [504, 504]
     assert results[0].json()["error"]["code"] == "timeout"
-    window = strict.gateway.windows.peek(("solo", "solo-model:v1", "stable"))
+    window = strict.gateway.windows.peek(("solo", VERSION_IDS["solo-model:v1"], "stable"))
     assert window is not None and window.errors_timeout == 2
 
 
 def test_no_usable_instance_is_a_503(gateway: LiveGateway) -> None:
     error = _error(gateway.post("empty-model"), 503)
     assert error["code"] == "no_instance"
-    window = gateway.gateway.windows.peek(("empty", "empty-model:v1", "stable"))
+    window = gateway.gateway.windows.peek(("empty", VERSION_IDS["empty-model:v1"], "stable"))
     assert window is not None and window.errors_connect >= 1
 
 

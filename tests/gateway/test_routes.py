@@ -23,14 +23,14 @@ def _table(etag: str, weight: int = 0) -> RouteTable:
                 {
                     "deployment": "chat",
                     "model_names": ["chat", "chat-latest"],
-                    "stable": {"version": "m:1", "instances": [instance]},
-                    "canary": {"version": "m:2", "instances": []},
+                    "stable": {"version_id": 1, "version": "m:1", "instances": [instance]},
+                    "canary": {"version_id": 2, "version": "m:2", "instances": []},
                     "canary_weight": weight,
                 },
                 {
                     "deployment": "other",
                     "model_names": ["other", "chat"],
-                    "stable": {"version": "o:1"},
+                    "stable": {"version_id": 3, "version": "o:1"},
                 },
             ],
             "clients": [
@@ -72,6 +72,9 @@ def test_a_table_compiles_to_lookups() -> None:
     assert instance.authorization == b"Bearer dctl_ik_secret"
     assert "dctl_ik_secret" not in repr(instance)
     assert route.canary is not None and route.canary_weight == 30
+    # Windows are reported by the version's id; clients see MODEL:VERSION.
+    assert (route.stable.version_id, route.stable.version_header) == (1, b"m:1")
+    assert (route.canary.version_id, route.canary.version_header) == (2, b"m:2")
     grant = compiled.clients["abcdefabcdef"]
     assert grant.secret_sha256 == "ab" * 32
     assert grant.expires_at == datetime(2030, 1, 1, tzinfo=UTC).timestamp()

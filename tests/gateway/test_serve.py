@@ -21,7 +21,7 @@ from gateway import GatewaySettings
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from protocol.monitoring import GatewayHeartbeat, GatewayOut
 from tests.gateway.canned_engine import refused_port
-from tests.gateway.conftest import Fleet, served
+from tests.gateway.conftest import VERSION_IDS, Fleet, served
 
 ROOT = Path(__file__).resolve().parents[2]
 _RUN = (
@@ -162,6 +162,8 @@ def test_routes_come_from_the_control_plane_and_traffic_goes_back(fleet: Fleet) 
         _until(lambda: _served_requests(link.reports, "solo") == 3)
         report = link.reports[-1]
         assert report.port == 18800 and report.address == "127.0.0.1"
+        # Windows go back by the version id the routing table gave the pool.
+        assert {w.version_id for w in report.windows} == {VERSION_IDS["solo-model:v1"]}
         assert report.gateway.count("-") >= 2  # hostname-pid-random
         # It heartbeats too, over the same link: where it serves and where its /metrics is.
         beat = link.beats[-1]

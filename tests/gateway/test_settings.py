@@ -25,8 +25,8 @@ def routes(tmp_path: Path) -> Path:
         "deployments:\n"
         "  - deployment: chat\n"
         "    model_names: [chat]\n"
-        "    stable: {version: 'm:1', instances: [{id: 1, host: h, address: 10.0.0.2, port: 8000,"
-        " api_key: k}]}\n"
+        "    stable: {version_id: 1, version: 'm:1', instances: [{id: 1, host: h,"
+        " address: 10.0.0.2, port: 8000, api_key: k}]}\n"
     )
     return path
 

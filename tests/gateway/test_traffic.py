@@ -18,8 +18,8 @@ from gateway.traffic import (
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, TrafficAccepted, TrafficReport
 from tests.clock import FakeClock
 
-KEY: WindowKey = ("chat", "m:1", "stable")
-CANARY: WindowKey = ("chat", "m:2", "canary")
+KEY: WindowKey = ("chat", 1, "stable")
+CANARY: WindowKey = ("chat", 2, "canary")
 
 
 class Sink:
@@ -78,7 +78,7 @@ def test_a_report_carries_the_windows_and_starts_new_ones() -> None:
     (report,) = sink.reports
     assert (report.gateway, report.address, report.port) == ("gw-1", "10.0.0.9", 8800)
     assert report.ended_at - report.started_at == timedelta(seconds=5)
-    by_key = {(w.deployment, w.version, w.pool): w for w in report.windows}
+    by_key = {(w.deployment, w.version_id, w.pool): w for w in report.windows}
     assert by_key[KEY].requests == 1 and by_key[KEY].output_tokens == 4
     assert by_key[CANARY].errors == 1
     assert windows.peek(KEY) is None  # swapped out
@@ -132,10 +132,10 @@ def test_a_report_the_control_plane_rejects_for_good_is_dropped() -> None:
 def test_memory_stays_bounded_by_the_number_of_windows() -> None:
     windows = TrafficWindows(FakeClock())
     for i in range(MAX_WINDOWS + 10):
-        windows.record((f"d{i}", "m:1", "stable"), None, 0.1, None, 0)
+        windows.record((f"d{i}", 1, "stable"), None, 0.1, None, 0)
     assert windows.dropped == 10
     taken = windows.take()
     assert len(taken.counts) == MAX_WINDOWS
-    windows.record(("new", "m:1", "stable"), None, 0.1, None, 0)
+    windows.record(("new", 1, "stable"), None, 0.1, None, 0)
     windows.merge_back(taken)
     assert len(windows.take().counts) == MAX_WINDOWS

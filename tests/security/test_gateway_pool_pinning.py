@@ -32,12 +32,13 @@ import pytest
 
 from engine.tuning.grid import DecodeSetting
 from engine.tuning.remote import HttpRunner, RemoteError
+from gateway.traffic import WindowKey
 from tests.cli.conftest import DCTL, Dctl, Server, dctl, free_port, server
-from tests.gateway.conftest import ENGINES, LiveGateway, fleet, gateway
+from tests.gateway.conftest import ENGINES, VERSION_IDS, LiveGateway, fleet, gateway
 from tests.security.gateway_process import gateway_serving
 
-CANARY = ("main", "main-model:v2", "canary")
-STABLE = ("main", "main-model:v1", "stable")
+CANARY = ("main", VERSION_IDS["main-model:v2"], "canary")
+STABLE = ("main", VERSION_IDS["main-model:v1"], "stable")
 
 
 def _create(dctl: Dctl, name: str, *options: str) -> str:
@@ -106,7 +107,7 @@ def test_only_a_client_token_created_with_the_grant_may_pin_a_pool(
     assert post(ordinary, None).status_code == 404  # without the header it is served as ever
 
 
-def _requests(gateway: LiveGateway, key: tuple[str, str, str]) -> int:
+def _requests(gateway: LiveGateway, key: WindowKey) -> int:
     window = gateway.gateway.windows.peek(key)  # what the next traffic report carries
     return window.requests if window is not None else 0
 

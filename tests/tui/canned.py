@@ -230,6 +230,7 @@ def traffic() -> dict[str, Any]:
 
     def totals(tag: str, pool: str, requests: int, p95: float, tpf: float) -> dict[str, Any]:
         return {
+            "version_id": int(tag[1:]),
             "version": f"demo:{tag}",
             "pool": pool,
             "requests": requests,
@@ -252,8 +253,16 @@ def traffic() -> dict[str, Any]:
             totals("v2", "canary", 100, 0.47, 2.3),
         ],
         "series": [
-            {"version": "demo:v1", "points": [point(i, 20 + (i * 7) % 15, 0.4) for i in range(30)]},
-            {"version": "demo:v2", "points": [point(i, 2 + i % 3, 0.45) for i in range(30)]},
+            {
+                "version_id": 1,
+                "version": "demo:v1",
+                "points": [point(i, 20 + (i * 7) % 15, 0.4) for i in range(30)],
+            },
+            {
+                "version_id": 2,
+                "version": "demo:v2",
+                "points": [point(i, 2 + i % 3, 0.45) for i in range(30)],
+            },
         ],
     }
 

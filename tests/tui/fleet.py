@@ -126,13 +126,13 @@ def _buckets(seconds: float, n: int) -> list[int]:
     return out
 
 
-def traffic_report(deployment: str, versions: dict[str, str], now: datetime) -> dict[str, Any]:
-    """A gateway's last 2 s of requests: VERSIONS maps pool -> MODEL:VERSION."""
+def traffic_report(deployment: str, versions: dict[str, int], now: datetime) -> dict[str, Any]:
+    """A gateway's last 2 s of requests: VERSIONS maps pool -> version id."""
     windows = []
-    for pool, version in versions.items():
+    for pool, version_id in versions.items():
         n, seconds = (8, 0.4) if pool == "canary" else (40, 0.3)
         windows.append({
-            "deployment": deployment, "version": version, "pool": pool, "requests": n,
+            "deployment": deployment, "version_id": version_id, "pool": pool, "requests": n,
             "errors_5xx": 1 if pool == "stable" else 0, "output_tokens": 64 * n,
             "latency_buckets": _buckets(seconds, n), "latency_sum_s": seconds * n,
             "ttft_buckets": _buckets(seconds / 4, n), "ttft_sum_s": seconds / 4 * n,
@@ -150,12 +150,9 @@ class Ticker:
     `web` now and then, from a daemon thread; failures (a stopped server) are skipped.
     `start()` once, `stop()` once."""
 
-    def __init__(
-        self, agents: list[FakeAgent], gateway: ControlPlaneClient, reader: ControlPlaneClient
-    ) -> None:
+    def __init__(self, agents: list[FakeAgent], gateway: ControlPlaneClient) -> None:
         self.agents = agents
-        self.gateway = gateway  # a gateway token posts traffic but may not read deployments
-        self.reader = reader
+        self.gateway = gateway  # reads the routes and posts traffic, as a gateway does
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -187,10 +184,14 @@ class Ticker:
 
     def _report_traffic(self) -> None:
         try:
-            web = self.reader.get_deployment("web")
-            pools = {"stable": f"{web.model}:{web.version}"}
-            if web.canary_version and web.canary_weight:
-                pools["canary"] = f"{web.model}:{web.canary_version}"
+            table = self.gateway.routes()
+            routes = table.deployments if table is not None else []
+            web = next((d for d in routes if d.deployment == "web"), None)
+            if web is None:  # not deployed yet
+                return
+            pools = {"stable": web.stable.version_id}
+            if web.canary is not None and web.canary_weight:
+                pools["canary"] = web.canary.version_id
             report = traffic_report("web", pools, datetime.now(UTC))
             self.gateway.send(calls.request("POST", "/api/v1/traffic", json=report))
         except ClientError:

@@ -195,7 +195,7 @@ class Plane:
         silent.client.close()
         self._silence("gpu-3")
         gateway = ControlPlaneClient(self.url, self._token("tui-gateway", "gateway"))
-        self.ticker = Ticker(agents, gateway, ControlPlaneClient(self.url, self.admin_token))
+        self.ticker = Ticker(agents, gateway)
         self.ticker.tick()
         self.sync.create_deployment(DeploymentCreate(
             name="web", model="demo", version="v1", instances_per_host=1, gpus_per_instance=1,

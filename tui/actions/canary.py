@@ -15,6 +15,7 @@ from pydantic_core import ErrorDetails
 
 from protocol.rollout_policy import MAX_INTERVAL_S, RolloutPolicy
 from protocol.rollouts import RolloutCreate
+from protocol.version_ref import VersionRef
 from runtime.durations import parse_duration
 
 DEFAULT_CANARY = "10"
@@ -101,5 +102,5 @@ def _field_error(error: ErrorDetails) -> FieldError:
 
 def completions(versions: tuple[str, ...]) -> list[str]:
     """What the version input completes to: every MODEL:VERSION, and each bare VERSION."""
-    bare = [v.partition(":")[2] for v in versions if ":" in v]
+    bare = [VersionRef.parse(v).version for v in versions]
     return list(dict.fromkeys([*versions, *bare]))

@@ -28,6 +28,7 @@ from protocol.rollouts import (
     RolloutOut,
     RolloutState,
 )
+from protocol.version_ref import VersionRef
 from tui.format import duration
 
 ACTION_KEYS: dict[str, str] = {
@@ -113,7 +114,7 @@ def refusal(action: str, target: Target) -> str | None:
 
 def stable_ref(deployment: DeploymentOut) -> str:
     """The deployment's stable version as MODEL:VERSION."""
-    return f"{deployment.model}:{deployment.version}"
+    return str(VersionRef(deployment.model, deployment.version))
 
 
 def rollback_choices(
@@ -132,7 +133,7 @@ def rollback_choices(
         choices.append(RollbackChoice(label, None))
     else:
         kept = deployment.rollback_version
-        default = f"{deployment.model}:{kept}" if kept else None
+        default = str(VersionRef(deployment.model, kept)) if kept else None
         if default is not None and default != stable:
             choices.append(RollbackChoice(f"{default} (default: the kept rollback target)", None))
     for version in versions:
@@ -151,7 +152,7 @@ def _rollout_line(rollout: RolloutOut) -> str:
 def canary_plan(deployment: DeploymentOut, spec: RolloutCreate) -> Plan:
     """Start the canary rollout SPEC of DEPLOYMENT."""
     to = spec.to or ""
-    ref = to if ":" in to else f"{deployment.model}:{to}"
+    ref = to if ":" in to else str(VersionRef(deployment.model, to))
     every = spec.policy.interval_s
     held = f", each held {duration(every)}" if every is not None else ""
     steps = ",".join(str(w) for w in spec.weights())

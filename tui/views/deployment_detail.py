@@ -14,6 +14,7 @@ from textual.widgets import Static
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut
 from protocol.rollouts import ACTIVE_STATES, RolloutOut
+from protocol.version_ref import VersionRef
 from tui import fetch, health
 from tui import format as fmt
 from tui.fetch import DeploymentDetailData
@@ -41,7 +42,7 @@ HISTORY = 60  # tokens/forward points kept per version (one per refresh)
 
 def header_text(deployment: DeploymentOut) -> Text:
     """Name, versions, placement and readiness."""
-    text = Text.assemble(("stable ", "bold"), f"{deployment.model}:{deployment.version}")
+    text = Text.assemble(("stable ", "bold"), str(VersionRef(deployment.model, deployment.version)))
     if deployment.canary_version:
         text.append(
             f"  canary {deployment.canary_version} {deployment.canary_weight}%", style="yellow"
@@ -86,7 +87,7 @@ class DeploymentDetailScreen(ViewScreen):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.deployment_name = name
-        self._tokens_per_forward: dict[str, list[float]] = defaultdict(list)
+        self._tokens_per_forward: dict[int, list[float]] = defaultdict(list)
         self.bind_actions(DEPLOYMENT_KEYS)
 
     def title_text(self) -> str:
@@ -171,15 +172,15 @@ class DeploymentDetailScreen(ViewScreen):
         rates, p95 = request_rates(traffic), p95_series(traffic)
         lines = []
         for version in traffic.versions:
-            history = self._tokens_per_forward[version.version]
+            history = self._tokens_per_forward[version.version_id]
             if version.tokens_per_forward is not None:
                 history.append(version.tokens_per_forward)
                 del history[:-HISTORY]
             line = Text(f"{version.version:<16} ", style="bold")
             line.append("req/s ")
-            line.append_text(spark(rates.get(version.version, []), width=12))
+            line.append_text(spark(rates.get(version.version_id, []), width=12))
             line.append("  p95 ")
-            line.append_text(spark(p95.get(version.version, []), width=12, style="magenta"))
+            line.append_text(spark(p95.get(version.version_id, []), width=12, style="magenta"))
             line.append("  tok/fwd ")
             line.append_text(spark(history, width=12, style="green"))
             lines.append(line)
@@ -195,7 +196,9 @@ class DeploymentDetailScreen(ViewScreen):
         model = self.data.model
         selected = self.table.selected_key
         versions = (
-            tuple(f"{model.name}:{v.version}" for v in model.versions if not v.deprecated)
+            tuple(
+                str(VersionRef(model.name, v.version)) for v in model.versions if not v.deprecated
+            )
             if model is not None
             else ()
         )

@@ -12,6 +12,7 @@ from textual.widgets.tree import TreeNode
 
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut, HostOut, ModelOut, VersionOut
+from protocol.version_ref import VersionRef
 from protocol.wire import MemoryPlan
 from tui import fetch
 from tui import format as fmt
@@ -69,8 +70,8 @@ def lineage(model: ModelOut) -> dict[str | None, list[VersionOut]]:
     for version in model.versions:
         parent = None
         if version.parent:
-            name, _, tag = version.parent.partition(":")
-            parent = tag if name == model.name and tag in known else None
+            ref = VersionRef.parse(version.parent)  # the control plane wrote it
+            parent = ref.version if ref.model == model.name and ref.version in known else None
         children[parent].append(version)
     return children
 
@@ -114,7 +115,8 @@ class ModelsScreen(ViewScreen):
         """Add the versions whose parent is PARENT under NODE, and theirs under them."""
         for version in children.get(parent, []):
             label = version_label(model.name, version, data.deployments, data.hosts)
-            child = node.add(plain(label), data=f"{model.name}:{version.version}", expand=True)
+            ref = str(VersionRef(model.name, version.version))
+            child = node.add(plain(label), data=ref, expand=True)
             if children.get(version.version):
                 self._add_versions(child, model, children, version.version, data)
             else:

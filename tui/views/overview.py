@@ -14,6 +14,7 @@ from textual.widgets import Static
 from client import AsyncControlPlaneClient
 from protocol.rest import FleetStatus
 from protocol.rollouts import RolloutOut
+from protocol.version_ref import VersionRef
 from tui import fetch, health
 from tui import format as fmt
 from tui.fetch import OverviewData
@@ -107,7 +108,7 @@ class OverviewScreen(ViewScreen):
                     d.name,
                     (
                         d.name,
-                        f"{d.model}:{d.version}"
+                        str(VersionRef(d.model, d.version))
                         + (f" +{d.canary_version} {d.canary_weight}%" if d.canary_version else ""),
                         self._ready(d.instances),
                     ),
