@@ -180,7 +180,7 @@ def test_upgrading_to_0007_moves_rollout_spec_into_typed_settings_and_progress(
     managed = {
         "managed": True, "policy": {"interval_s": 60.0, "failure_limit": 2}, "surge": 1,
         "interval_since": "2026-01-01T00:01:00+00:00", "step_since": "2026-01-01T00:00:30+00:00",
-        "restarts_at": 3, "notified_state": "progressing", "promote": "full",
+        "restarts_at": 3, "notified_state": RolloutState.PROGRESSING, "promote": "full",
     }  # fmt: skip
     restart = {"managed": True, "policy": {}, "queue": [7, 8], "done": [5], "current": 6,
                "stage": "stopping"}  # fmt: skip
@@ -209,10 +209,10 @@ def test_upgrading_to_0007_moves_rollout_spec_into_typed_settings_and_progress(
                 sa.text(
                     "INSERT INTO rollout (id, deployment_id, from_version_id, to_version_id, "
                     "state, step_index, canary_weight, steps, analysis, message, created_at, "
-                    f"updated_at, kind, spec) VALUES ({rollout_id}, 1, 1, 2, 'aborted', 0, 0, "
+                    f"updated_at, kind, spec) VALUES ({rollout_id}, 1, 1, 2, :state, 0, 0, "
                     f"'[]', '[]', '', '{now}', '{now}', '{kind}', :spec)"
                 ),
-                {"spec": json.dumps(spec)},
+                {"state": RolloutState.ABORTED.value, "spec": json.dumps(spec)},
             )
     engine.dispose()
 

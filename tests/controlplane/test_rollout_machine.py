@@ -49,8 +49,9 @@ def traffic(requests: int, errors: int, latency_s: float) -> VersionTraffic:
     buckets = [0] * BUCKET_COUNT
     buckets[next(i for i, b in enumerate(LATENCY_BUCKETS_S) if b >= latency_s)] = requests
     return VersionTraffic(
-        version="demo:v", requests=requests, errors_5xx=errors, latency_buckets=buckets,
-        latency_sum_s=latency_s * requests, ttft_buckets=buckets, ttft_sum_s=latency_s * requests,
+        version_id=1, version="demo:v1", requests=requests, errors_5xx=errors,
+        latency_buckets=buckets, latency_sum_s=latency_s * requests, ttft_buckets=buckets,
+        ttft_sum_s=latency_s * requests,
         error_rate=errors / requests if requests else None,
     )  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from protocol.rollouts import RolloutState
 from tests.controlplane.conftest import Api, deploy
 from tests.controlplane.fleet import serving_fleet
 
@@ -42,7 +43,7 @@ def test_each_deployments_latest_rollout_is_on_metrics_with_its_weight(api: Api)
     assert put.status_code == 200, put.text
     series = rollout_series(api)
     assert series["dctl_rollout_info"] == [(
-        {"deployment": "web", "from": "demo:v1", "to": "demo:v2", "state": "progressing",
+        {"deployment": "web", "from": "demo:v1", "to": "demo:v2", "state": RolloutState.PROGRESSING,
          "phase": status_phase(api)},
         1.0,
     )]  # fmt: skip
@@ -53,7 +54,7 @@ def test_each_deployments_latest_rollout_is_on_metrics_with_its_weight(api: Api)
     assert api.call("DELETE", f"{V}/deployments/web/canary", operator).status_code == 200
     series = rollout_series(api)
     [(labels, _)] = series["dctl_rollout_info"]
-    assert (labels["state"], labels["to"]) == ("rolled_back", "demo:v2")
+    assert (labels["state"], labels["to"]) == (RolloutState.ROLLED_BACK, "demo:v2")
     assert series["dctl_rollout_weight"] == [({"deployment": "web"}, 0.0)]
 
     # A new rollout replaces it (one series per deployment); paused is what the alert reads.
@@ -63,7 +64,7 @@ def test_each_deployments_latest_rollout_is_on_metrics_with_its_weight(api: Api)
     assert paused.status_code == 200, paused.text
     series = rollout_series(api)
     assert series["dctl_rollout_info"] == [(
-        {"deployment": "web", "from": "demo:v1", "to": "demo:v2", "state": "paused",
+        {"deployment": "web", "from": "demo:v1", "to": "demo:v2", "state": RolloutState.PAUSED,
          "phase": status_phase(api)},
         1.0,
     )]  # fmt: skip

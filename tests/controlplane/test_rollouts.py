@@ -590,7 +590,7 @@ def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
         traffic(api, gateway, stable=(98, 0), canary=(2, 0))
         tick(api)
     out = status(api)
-    assert (out.state, out.weight) == ("progressing", 25)
+    assert (out.state, out.weight) == (RolloutState.PROGRESSING, 25)
     assert out.served == pytest.approx(0.02)  # beside the weight, before any analysis
     for _ in range(3):
         api.clock.advance(INTERVAL / 6)
@@ -599,7 +599,7 @@ def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
         tick(api)
     out = status(api)
     # Not judged on 12 requests, not extended forever: paused for the operator, saying why.
-    assert (out.state, out.step, out.weight) == ("paused", 1, 25)
+    assert (out.state, out.step, out.weight) == (RolloutState.PAUSED, 1, 25)
     assert out.analysis is not None and out.analysis.verdict == "starved"
     assert "starved" in out.reason and "12 of 600 requests (2%) at weight 25%" in out.reason
     share = {m.metric: m for m in out.analysis.metrics}["served share"]
@@ -611,5 +611,5 @@ def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
     assert resumed.status_code == 200, resumed.text
     serve_interval(api, agent, gateway, stable=(75, 0), canary=(25, 0))
     out = status(api)
-    assert out.state == "progressing" and out.analysis is not None
+    assert out.state == RolloutState.PROGRESSING and out.analysis is not None
     assert out.analysis.verdict == "pass" and out.step == 2

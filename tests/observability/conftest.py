@@ -29,7 +29,7 @@ import yaml
 
 from client import ControlPlaneClient
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from protocol.rollouts import RolloutAction, RolloutCreate
+from protocol.rollouts import RolloutAction, RolloutCreate, RolloutState
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, free_port, stop_stack, wait_for
 from tests.gateway_e2e.conftest import Gateway
 
@@ -246,7 +246,7 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedStack
         hold_a_paused_rollout(api)
         wait_for(
             "the paused rollout to be scraped",
-            lambda: prom.query('dctl_rollout_info{state="paused"}'),
+            lambda: prom.query(f'dctl_rollout_info{{state="{RolloutState.PAUSED}"}}'),
             30,
         )
         time.sleep(2.5)
