@@ -18,7 +18,7 @@ carries out (the types are in `controlplane.rollouts.messages`). No session, clo
 
     by hand, while active (progressing | paused):
       pause ──> paused (the step's clock stops) ── resume ──> progressing (the time it had left)
-      promote ──> the next step (or the last: --full), at the machine's next round
+      promote ──> the next step at once (or the last: --full)
       abort | rollback ──> aborted | rolled_back, phase ending (canary weight 0, instances back on
       stable at once) ──> done after one more round (its last notification)
 
@@ -185,6 +185,8 @@ class RolloutMachine:
         return started
 
     def _rollout(self, now: datetime, seen: Observations) -> None:
+        # A promote a control plane before the machine left for its next round (`dctl db
+        # upgrade` moved it into the progress): carried out as a promote is now.
         pending = self.record.progress.pending
         if pending is not None:
             self._progress(pending=None)
@@ -422,8 +424,10 @@ class RolloutMachine:
         resumed = r.state == RolloutState.PAUSED
         if resumed:
             self._resume(now)
-        # Carried out at the machine's next round: the next step, or all the way.
-        self._progress(pending=Promotion.FULL if command.full else Promotion.STEP)
+        # At once, in the request's transaction: the next step (none past promotion), or all the
+        # way; the next round sizes its canary as for any step.
+        if command.full or self.record.phase != RolloutPhase.PROMOTING:
+            self._next_step(full=command.full)
         why = command.reason
         self._event(
             "rollout.promote",

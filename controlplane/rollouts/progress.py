@@ -28,7 +28,7 @@ class RolloutSettings(BaseModel):
 
 
 class Promotion(StrEnum):
-    """An operator's promote, until the machine carries it out: the next step, or all of them."""
+    """A promote left for the next round (records from before promotes took effect at once)."""
 
     STEP = "step"
     FULL = "full"
@@ -48,7 +48,8 @@ class RolloutProgress(BaseModel):
     restarts_at: int = 0
     # The last state a notification went out for (None: none yet).
     notified_state: RolloutState | None = None
-    # A promote the machine has not carried out yet.
+    # A promote not carried out yet: only in records from before promotes took effect at once
+    # (migration 0007 moved them here); the next round carries it out.
     pending: Promotion | None = None
     # A restart's instances: to restart, done, the one under way and where it is.
     queue: tuple[int, ...] = ()

@@ -5,6 +5,7 @@ never finish."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import HealthCheck, settings
@@ -29,7 +30,7 @@ from controlplane.rollouts.messages import (
     Start,
     Traffic,
 )
-from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
+from controlplane.rollouts.progress import Promotion, RolloutProgress, RolloutSettings
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, VersionTraffic
 from protocol.rollout_policy import DEFAULT_POLICY
 from protocol.rollouts import HostStaging, RestartStage, RolloutKind, RolloutPhase, RolloutState
@@ -212,3 +213,27 @@ def test_a_step_takes_its_share_but_never_the_last_stable_instance() -> None:
     assert [canary_size(w, 4) for w in (1, 25, 50, 99, 100)] == [1, 1, 2, 3, 4]
     assert canary_size(50, 1) == 0  # no room beside stable: the rollout aborts
     assert canary_size(50, 1, surge=1) == 1
+
+
+def test_a_promote_takes_effect_at_once_and_an_old_pending_one_at_the_next_round() -> None:
+    analysing = RolloutRecord(
+        id=1, deployment="web", kind=RolloutKind.ROLLOUT, state=RolloutState.PAUSED,
+        phase=RolloutPhase.ANALYSING, weights=(10, 50, 100), canary_weight=10,
+        canary_instances=1, step_started_at=START, paused_left_s=30.0, ticked_at=START,
+    )  # fmt: skip
+    machine = RolloutMachine(analysing)
+    effects = machine.apply(Promote(reason="by hand"), START)
+    # Resumed and at the next step at once: no round needed, one event for the state change.
+    after = machine.record
+    assert (after.state, after.step_index, after.phase) == (
+        RolloutState.PROGRESSING, 1, RolloutPhase.WAITING,
+    )  # fmt: skip
+    assert [e.state for e in state_events(effects)] == [RolloutState.PROGRESSING]
+    assert after.progress.pending is None
+    # A record a control plane from before left with a pending promote (migration 0007).
+    old = replace(analysing, state=RolloutState.PROGRESSING,
+                  progress=RolloutProgress(pending=Promotion.FULL))  # fmt: skip
+    machine = RolloutMachine(old)
+    machine.tick(START, Observations(own_total=4))
+    assert (machine.record.step_index, machine.record.phase) == (2, RolloutPhase.PROMOTING)
+    assert machine.record.progress.pending is None
