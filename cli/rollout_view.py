@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from cli.exits import FAILURE, OK
 from cli.output import Column, print_fields, print_table
-from protocol.rollouts import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutState
+from protocol.rollout_states import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutState
 from runtime.durations import format_duration
 
 if TYPE_CHECKING:

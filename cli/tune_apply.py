@@ -44,7 +44,7 @@ def check_deployment(name: str) -> DeploymentOut:
     """The deployment, checked before a sweep of minutes: a wrong name, bad credentials or an
     active rollout (which would refuse ours) fail now rather than after it."""
     from client.errors import ClientError
-    from protocol.rollouts import ACTIVE_STATES
+    from protocol.rollout_states import ACTIVE_STATES
 
     with connect() as api:
         deployment = api.get_deployment(name)

@@ -17,7 +17,7 @@ from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
-from protocol.rollouts import RolloutKind, RolloutPhase, RolloutState
+from protocol.rollout_states import RolloutKind, RolloutPhase, RolloutState
 
 
 class UTCDateTime(sa.types.TypeDecorator[datetime]):

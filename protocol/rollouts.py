@@ -9,7 +9,6 @@ three are `RolloutOut` records of one kind each, and a deployment has at most on
 from __future__ import annotations
 
 from datetime import datetime
-from enum import StrEnum
 from itertools import pairwise
 from typing import Annotated, Any, Literal
 
@@ -17,57 +16,12 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from protocol.rest import ApiModel, _check_engine_config
 from protocol.rollout_policy import RolloutPolicy
+from protocol.rollout_states import (
+    RolloutKind,
+    RolloutPhase,
+    RolloutState,
+)
 from protocol.wire import INT32_MAX, PlainText
-
-
-class RolloutKind(StrEnum):
-    """What a record changes: a rollout goes step by step with analysis; a rollback goes back at
-    once without; a restart replaces engine processes; a manual canary is held where the
-    operator sets it (`dctl deploy canary`)."""
-
-    ROLLOUT = "rollout"
-    ROLLBACK = "rollback"
-    RESTART = "restart"
-    MANUAL = "manual"
-
-
-class RolloutState(StrEnum):
-    """Where a record stands for the operator; the values are the wire's and the store's."""
-
-    PROGRESSING = "progressing"
-    PAUSED = "paused"
-    PROMOTED = "promoted"
-    ABORTED = "aborted"
-    ROLLED_BACK = "rolled_back"
-    COMPLETED = "completed"
-
-
-# The states in which a record is under way: its canary runs and takes traffic, and it is the
-# deployment's one active record. Every other state is final.
-ACTIVE_STATES = (RolloutState.PROGRESSING, RolloutState.PAUSED)
-# The kinds that run a canary of another version, which a rollback ends (back to `from`).
-CANARY_KINDS = (RolloutKind.ROLLOUT, RolloutKind.MANUAL)
-
-
-class RolloutPhase(StrEnum):
-    """What the machine does within an active record (`controlplane.rollouts.machine`)."""
-
-    STAGING = "staging"
-    WAITING = "waiting"
-    ANALYSING = "analysing"
-    PROMOTING = "promoting"
-    RESTARTING = "restarting"
-    ENDING = "ending"
-    DONE = "done"
-
-
-class RestartStage(StrEnum):
-    """Where a restart's current instance is: held stopped until seen stopped, then running
-    until ready again."""
-
-    STOPPING = "stopping"
-    STARTING = "starting"
-
 
 # An interval's verdict, and each metric's. `starved`: the canary served far less than its
 # weight (`controlplane.rollouts.analysis.is_starved`), so its figures cannot be judged.

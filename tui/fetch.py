@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from client import AsyncControlPlaneClient, ClientError, calls
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, EventOut, FleetStatus, HostOut, ModelOut, SeriesOut
-from protocol.rollouts import ACTIVE_STATES, RolloutOut
+from protocol.rollout_states import ACTIVE_STATES
+from protocol.rollouts import RolloutOut
 
 SAMPLE_MINUTES = 10
 

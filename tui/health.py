@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.rest import DeploymentOut, HostOut
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 
 Level = Literal["ok", "warn", "bad", "idle"]
 # The Rich style of each level; "idle" is for what is neither good nor bad (stopped, unknown).

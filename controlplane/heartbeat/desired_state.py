@@ -14,7 +14,7 @@ from sqlmodel import col
 
 from controlplane.models import Deployment, Instance, Model, Rollout
 from controlplane.models import ModelVersion as VersionRow
-from protocol.rollouts import ACTIVE_STATES, RolloutKind, RolloutPhase
+from protocol.rollout_states import ACTIVE_STATES, RolloutKind, RolloutPhase
 from protocol.sources import local_source_dir
 from protocol.wire import DesiredInstance, Manifest, MemoryPlan, ModelVersionRef
 

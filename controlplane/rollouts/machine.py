@@ -60,13 +60,8 @@ from controlplane.rollouts.messages import (
     Traffic,
 )
 from controlplane.rollouts.progress import Promotion
-from protocol.rollouts import (
-    Analysis,
-    RestartStage,
-    RolloutKind,
-    RolloutPhase,
-    RolloutState,
-)
+from protocol.rollout_states import RestartStage, RolloutKind, RolloutPhase, RolloutState
+from protocol.rollouts import Analysis
 
 # Longer than this between two rounds means no leader ran: the gap does not count as step time.
 LEADERLESS_GAP = timedelta(seconds=3)

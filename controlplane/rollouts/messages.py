@@ -12,14 +12,8 @@ from datetime import datetime, timedelta
 
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
 from protocol.gateway import VersionTraffic
-from protocol.rollouts import (
-    ACTIVE_STATES,
-    Analysis,
-    HostStaging,
-    RolloutKind,
-    RolloutPhase,
-    RolloutState,
-)
+from protocol.rollout_states import ACTIVE_STATES, RolloutKind, RolloutPhase, RolloutState
+from protocol.rollouts import Analysis, HostStaging
 
 DEFAULT_INTERVAL_S = 300.0
 

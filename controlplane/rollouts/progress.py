@@ -13,7 +13,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.rollout_policy import RolloutPolicy
-from protocol.rollouts import RestartStage, RolloutState
+from protocol.rollout_states import RestartStage, RolloutState
 
 
 class RolloutSettings(BaseModel):

@@ -45,13 +45,8 @@ from controlplane.rollouts.ports import (
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
 from controlplane.services.errors import Conflict
 from protocol.gateway import VersionTraffic
-from protocol.rollouts import (
-    ACTIVE_STATES,
-    HostStaging,
-    RolloutKind,
-    RolloutPhase,
-    RolloutState,
-)
+from protocol.rollout_states import ACTIVE_STATES, RolloutKind, RolloutPhase, RolloutState
+from protocol.rollouts import HostStaging
 from protocol.wire import DesiredInstanceState, HostFacts, InstanceState
 
 STOPPED_STATES = {InstanceState.STOPPED.value, InstanceState.FAILED.value}

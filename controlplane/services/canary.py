@@ -22,7 +22,7 @@ from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import find_version
 from controlplane.services.placement import active_rollouts
 from protocol.gateway import CanarySet
-from protocol.rollouts import RolloutKind, RolloutPhase
+from protocol.rollout_states import RolloutKind, RolloutPhase
 
 
 @dataclass(frozen=True)

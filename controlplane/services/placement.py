@@ -43,7 +43,7 @@ from controlplane.planner import (
     plan_fleet,
 )
 from controlplane.services.errors import Conflict, Invalid
-from protocol.rollouts import ACTIVE_STATES, RestartStage, RolloutKind
+from protocol.rollout_states import ACTIVE_STATES, RestartStage, RolloutKind
 from protocol.version_ref import VersionRef
 from protocol.wire import MemoryPlan
 

@@ -33,19 +33,21 @@ from controlplane.services.models import deployable_version, find_version
 from controlplane.services.placement import load_versions, surge_problems
 from controlplane.services.traffic import canary_share
 from protocol.rollout_policy import DEFAULT_POLICY, RolloutPolicy
-from protocol.rollouts import (
+from protocol.rollout_states import (
     ACTIVE_STATES,
     CANARY_KINDS,
+    RolloutKind,
+    RolloutPhase,
+    RolloutState,
+)
+from protocol.rollouts import (
     Analysis,
     InstanceProgress,
     RestartCreate,
     RollbackCreate,
     RolloutAction,
     RolloutCreate,
-    RolloutKind,
     RolloutOut,
-    RolloutPhase,
-    RolloutState,
 )
 from protocol.version_ref import VersionRef
 from protocol.wire import InstanceState

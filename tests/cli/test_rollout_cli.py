@@ -20,7 +20,8 @@ import pytest
 import cli.cmd_rollout as cmd_rollout
 from cli.exits import FAILURE, OK, USAGE
 from cli.rollout_view import exit_code, progress_lines, status_text
-from protocol.rollouts import RolloutOut, RolloutPhase, RolloutState
+from protocol.rollout_states import RolloutPhase, RolloutState
+from protocol.rollouts import RolloutOut
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS
 from tests.cli.conftest import Dctl, Result, Server
 from tests.clock import FakeClock

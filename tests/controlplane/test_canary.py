@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from protocol.gateway import CanaryOut, RouteTable
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 from tests.controlplane.conftest import Api, deploy, manifest, register_version
 from tests.controlplane.fleet import ADDRESS, V2_DIGEST, beat, gpu_host, report, serving_fleet
 

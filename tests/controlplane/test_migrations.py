@@ -173,7 +173,7 @@ def test_upgrading_to_0007_moves_rollout_spec_into_typed_settings_and_progress(
 
     from controlplane.models import Rollout
     from controlplane.rollouts.progress import Promotion
-    from protocol.rollouts import RestartStage, RolloutKind, RolloutState
+    from protocol.rollout_states import RestartStage, RolloutKind, RolloutState
 
     migrate.upgrade(empty_url, "0006")
     now = "2026-01-01 00:00:00"

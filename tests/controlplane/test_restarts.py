@@ -10,7 +10,8 @@ from datetime import timedelta
 import pytest
 
 from controlplane.rollouts.controller import RolloutController
-from protocol.rollouts import RestartStage, RolloutOut, RolloutState
+from protocol.rollout_states import RestartStage, RolloutState
+from protocol.rollouts import RolloutOut
 from tests.controlplane.conftest import Api, gpu
 from tests.controlplane.fleet import ADDRESS, serving_fleet
 

@@ -33,7 +33,8 @@ from controlplane.rollouts.messages import (
 from controlplane.rollouts.progress import Promotion, RolloutProgress, RolloutSettings
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, VersionTraffic
 from protocol.rollout_policy import DEFAULT_POLICY
-from protocol.rollouts import HostStaging, RestartStage, RolloutKind, RolloutPhase, RolloutState
+from protocol.rollout_states import RestartStage, RolloutKind, RolloutPhase, RolloutState
+from protocol.rollouts import HostStaging
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 INTERVAL = timedelta(seconds=DEFAULT_POLICY.interval_s or 300)

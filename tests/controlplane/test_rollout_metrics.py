@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 from tests.controlplane.conftest import Api, deploy
 from tests.controlplane.fleet import serving_fleet
 

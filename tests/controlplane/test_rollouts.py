@@ -17,7 +17,8 @@ import pytest
 from controlplane.rollouts.controller import RolloutController
 from controlplane.rollouts.notify import Notifier
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
-from protocol.rollouts import RolloutOut, RolloutPhase, RolloutState
+from protocol.rollout_states import RolloutPhase, RolloutState
+from protocol.rollouts import RolloutOut
 from tests.controlplane.conftest import Api
 from tests.controlplane.fleet import (
     ADDRESS,

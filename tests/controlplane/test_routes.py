@@ -15,7 +15,7 @@ from client import calls
 from client.errors import ClientError
 from client.http import AsyncControlPlaneClient, ControlPlaneClient
 from protocol.gateway import CanarySet, RouteTable, TrafficReport, TrafficWindow
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 from tests.controlplane.conftest import Api, deploy, statements
 from tests.controlplane.fleet import (
     ADDRESS,

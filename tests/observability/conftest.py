@@ -29,7 +29,8 @@ import yaml
 
 from client import ControlPlaneClient
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from protocol.rollouts import RolloutAction, RolloutCreate, RolloutState
+from protocol.rollout_states import RolloutState
+from protocol.rollouts import RolloutAction, RolloutCreate
 from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, free_port, stop_stack, wait_for
 from tests.gateway_e2e.conftest import Gateway
 

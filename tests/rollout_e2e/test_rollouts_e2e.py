@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.rollouts import RolloutOut, RolloutState
+from protocol.rollout_states import RolloutState
+from protocol.rollouts import RolloutOut
 from tests.agent_e2e.conftest import wait_for
 from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet
 

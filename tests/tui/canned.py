@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from client import AsyncControlPlaneClient
-from protocol.rollouts import RolloutPhase, RolloutState
+from protocol.rollout_states import RolloutPhase, RolloutState
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 GIB = 2**30

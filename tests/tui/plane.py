@@ -37,13 +37,8 @@ from controlplane.models import Host
 from controlplane.settings import ControlPlaneSettings
 from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement, TokenCreate
 from protocol.rollout_policy import RolloutPolicy
-from protocol.rollouts import (
-    ACTIVE_STATES,
-    RolloutAction,
-    RolloutCreate,
-    RolloutPhase,
-    RolloutState,
-)
+from protocol.rollout_states import ACTIVE_STATES, RolloutPhase, RolloutState
+from protocol.rollouts import RolloutAction, RolloutCreate
 from protocol.wire import Manifest, MemoryPlan
 from tests.tui.fleet import GIB, FakeAgent, Ticker
 

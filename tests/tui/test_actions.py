@@ -12,7 +12,7 @@ from typing import Any
 from textual.pilot import Pilot
 from textual.widgets import Static
 
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 from tests.tui.plane import Plane
 from tui.app import DctlApp
 from tui.dialogs import CanaryForm, ConfirmDialog, ErrorDialog, RollbackPicker

@@ -19,7 +19,8 @@ from textual.widgets import Input, Static
 
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut, HostOut
-from protocol.rollouts import RolloutCreate, RolloutOut, RolloutPhase, RolloutState
+from protocol.rollout_states import RolloutPhase, RolloutState
+from protocol.rollouts import RolloutCreate, RolloutOut
 from tui.actions import (
     ACTION_KEYS,
     CanaryFields,

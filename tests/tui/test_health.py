@@ -9,7 +9,7 @@ import pytest
 
 from protocol.gateway import DeploymentTraffic
 from protocol.rest import DeploymentOut, HostOut
-from protocol.rollouts import RolloutState
+from protocol.rollout_states import RolloutState
 from tests.tui import canned
 from tui import format as fmt
 from tui import health

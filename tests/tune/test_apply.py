@@ -15,7 +15,8 @@ import yaml
 
 from cli.tune_apply import merged_engine_config
 from client.http import ControlPlaneClient
-from protocol.rollouts import RolloutAction, RolloutState
+from protocol.rollout_states import RolloutState
+from protocol.rollouts import RolloutAction
 from tests.cli.conftest import Dctl, Server, start_server
 from tests.cli.hosts import register_host
 from tests.engine_server.conftest import MODEL, ServerProcess

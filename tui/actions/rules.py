@@ -17,16 +17,13 @@ from typing import Any
 from client import Call, calls
 from client.calls import RolloutVerb
 from protocol.rest import DeploymentOut, HostOut
+from protocol.rollout_states import ACTIVE_STATES, CANARY_KINDS, RolloutKind, RolloutState
 from protocol.rollouts import (
-    ACTIVE_STATES,
-    CANARY_KINDS,
     RestartCreate,
     RollbackCreate,
     RolloutAction,
     RolloutCreate,
-    RolloutKind,
     RolloutOut,
-    RolloutState,
 )
 from protocol.version_ref import VersionRef
 from tui.format import duration

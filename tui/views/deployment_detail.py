@@ -13,7 +13,8 @@ from textual.widgets import Static
 
 from client import AsyncControlPlaneClient
 from protocol.rest import DeploymentOut
-from protocol.rollouts import ACTIVE_STATES, RolloutOut
+from protocol.rollout_states import ACTIVE_STATES
+from protocol.rollouts import RolloutOut
 from protocol.version_ref import VersionRef
 from tui import fetch, health
 from tui import format as fmt
