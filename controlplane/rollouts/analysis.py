@@ -11,10 +11,12 @@ The gateways' passive health can starve a canary: an instance that keeps failing
 requests go to stable, and at weight 20 it serves 2% of them. Its figures then say little (the
 few requests it got) while the operator believes a fifth of the traffic judged it. So the
 interval also sets the canary's served share against its weight: `starved` (see `is_starved`)
-when it is far below, unless a metric already fails. The controller pauses a starved rollout
-with the figures in its reason: promoting would judge a canary on nothing, extending would wait
-forever, and aborting would blame the canary for what may be a gateway's doing; the operator
-looks (`dctl_gateway_pool_share`, `dctl_gateway_ejections`) and resumes or aborts.
+when it is far below, unless a metric already fails. The controller holds the step for one
+starved interval (the gateways may not have routed to a canary that just became ready) and
+pauses a rollout starved two intervals running, with the figures in its reason: promoting
+would judge a canary on nothing, extending would wait forever, and aborting would blame the
+canary for what may be a gateway's doing; the operator looks (`dctl_gateway_pool_share`,
+`dctl_gateway_ejections`) and resumes or aborts.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ carries out (the types are in `controlplane.rollouts.messages`). No session, clo
     rollout:
       staging ──> waiting ──> analysing ──pass──> waiting (next step) ... ──> promoting ──> done
          │       (until the     │ inconclusive: held another interval              (promoted)
-         │        canary is     │ starved (served far under its weight): paused
+         │        canary is     │ starved (far under its weight): held once, then paused
          │        ready)        │ fail, `failure_limit` times in a row: aborted ──> ending ──> done
          └─ a host cannot fetch or verify the new version: paused
     rollback: promoting ──> done rolled_back (every instance moved, no analysis)
@@ -66,6 +66,8 @@ from protocol.rollouts import Analysis
 # Longer than this between two rounds means no leader ran: the gap does not count as step time.
 LEADERLESS_GAP = timedelta(seconds=3)
 MESSAGE_LIMIT = 1000
+# Starved intervals in a row that pause a rollout (`RolloutProgress.starved`).
+STARVED_INTERVALS_TO_PAUSE = 2
 
 
 def canary_size(weight: int, total: int, surge: int = 0) -> int:
@@ -293,6 +295,8 @@ class RolloutMachine:
             result = judge(step_since, seen.step)
         self._emit(RecordAnalysis(result))
         self._progress(interval_since=now)
+        if result.verdict != "starved" and r.progress.starved:
+            self._progress(starved=0)
         self._update(step_started_at=now)  # the next analysis is an interval from now
         if result.verdict == "fail":
             failures = r.failures + 1
@@ -309,9 +313,16 @@ class RolloutMachine:
             if failures >= limit:
                 self._end(now, RolloutState.ABORTED, f"step {result.step}: {reason}")
             return
+        if result.verdict == "starved" and r.progress.starved + 1 < STARVED_INTERVALS_TO_PAUSE:
+            # Once may be the gateways' lag: a canary that just became ready is not in the
+            # routing table they poll yet, and stable got the interval's first seconds.
+            self._progress(starved=r.progress.starved + 1)
+            self._update(message=f"step {result.step} extended: {starved_reason(result)}")
+            return
         if result.verdict == "starved":
             # Not judgeable, and not the canary's fault for sure: the operator decides
             # (the analysis module's docstring says why this pauses).
+            self._progress(starved=0)
             reason = f"step {result.step}: {starved_reason(result)}"
             self._pause(now, reason)
             self._event(

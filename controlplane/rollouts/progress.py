@@ -46,6 +46,9 @@ class RolloutProgress(BaseModel):
     step_since: datetime | None = None
     # The canary's summed restart counters when the step began: the analysis counts the rise.
     restarts_at: int = 0
+    # Intervals in a row judged starved: the first extends the step (the gateways may not have
+    # routed to a canary that just became ready), the second pauses.
+    starved: int = 0
     # The last state a notification went out for (None: none yet).
     notified_state: RolloutState | None = None
     # A promote not carried out yet: only in records from before promotes took effect at once

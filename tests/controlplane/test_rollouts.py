@@ -599,7 +599,18 @@ def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
         traffic(api, gateway, stable=(98, 0), canary=(2, 0))
         tick(api)
     out = status(api)
-    # Not judged on 12 requests, not extended forever: paused for the operator, saying why.
+    # Starved once: held another interval (the gateways may lag a canary just ready).
+    assert (out.state, out.step, out.weight) == (RolloutState.PROGRESSING, 1, 25)
+    assert out.analysis is not None and out.analysis.verdict == "starved"
+    assert "extended" in out.reason and "12 of 600 requests" in out.reason
+    for _ in range(6):
+        api.clock.advance(INTERVAL / 6)
+        report(api, agent)
+        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
+        tick(api)
+    out = status(api)
+    # Starved twice running: not judged on so little, not extended forever: paused for the
+    # operator, saying why.
     assert (out.state, out.step, out.weight) == (RolloutState.PAUSED, 1, 25)
     assert out.analysis is not None and out.analysis.verdict == "starved"
     assert "starved" in out.reason and "12 of 600 requests (2%) at weight 25%" in out.reason
