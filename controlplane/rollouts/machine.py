@@ -289,10 +289,14 @@ class RolloutMachine:
             )
 
         result = judge(since, seen.interval)
-        if result.verdict == "inconclusive" and step_since < since and seen.step is not None:
+        unjudged = result.verdict in ("inconclusive", "starved")
+        if unjudged and step_since < since and seen.step is not None:
             # Too little in the last interval (a canary the gateway ejects gets almost nothing):
-            # judge everything since the step's weight took effect instead.
-            result = judge(step_since, seen.step)
+            # judge everything since the step's weight took effect instead; a starved interval
+            # only when the whole step fails, as a canary ejected for its errors does.
+            whole = judge(step_since, seen.step)
+            if result.verdict == "inconclusive" or whole.verdict == "fail":
+                result = whole
         self._emit(RecordAnalysis(result))
         self._progress(interval_since=now)
         if result.verdict != "starved" and r.progress.starved:

@@ -111,9 +111,11 @@ def test_a_canary_answering_half_with_errors_is_aborted(
     weighted = time.monotonic()
     out = wait_state(ro, {RolloutState.ABORTED, RolloutState.PROMOTED})
     assert out.state == RolloutState.ABORTED and "error rate" in out.reason, out.reason
-    # Server times: from the step's start (the canary ready and weighted) to the abort.
+    # Server times: from the step's start (the canary ready and weighted) to the abort: two
+    # failing intervals, one more for a first interval the gateways' routing lag starved, and
+    # one of slack.
     took = (out.updated_at - out.analyses[0].since).total_seconds()
-    assert took <= INTERVAL_S * 3 + 2, [(str(a.time), a.verdict) for a in out.analyses]
+    assert took <= INTERVAL_S * 4 + 2, [(str(a.time), a.verdict) for a in out.analyses]
     answers = ro.load.since(weighted)
     assert any(a.status == 500 and a.version == "demo:v3" for a in answers)
     stable = [a for a in answers if a.version == "demo:v2"]
