@@ -21,6 +21,9 @@ import pytest
 
 from tests.engine_server.conftest import MODEL, ServerProcess, launch_server, wait_ready
 
+# An engine process generating for tens of seconds per test: out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 # Block 4 in steps mode with steps=4: one token per forward, so TOKENS forwards per request,
 # seconds of work on the tiny model: longer than uvicorn's own graceful-shutdown timeout (5 s).
 TOKENS = 3800
