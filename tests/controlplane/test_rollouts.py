@@ -585,29 +585,26 @@ def test_a_starved_canary_pauses_the_rollout_and_shows_the_split_it_got(
     tick(api)
     ready_round(api, agent)
     assert status(api).served is None  # no request yet
-    for _ in range(3):
-        api.clock.advance(INTERVAL / 6)
-        report(api, agent)
-        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
-        tick(api)
+
+    def starved_rounds(rounds: int) -> None:
+        # Each a sixth of an interval in which 2 requests in 100 reach the canary.
+        for _ in range(rounds):
+            api.clock.advance(INTERVAL / 6)
+            report(api, agent)
+            traffic(api, gateway, stable=(98, 0), canary=(2, 0))
+            tick(api)
+
+    starved_rounds(3)
     out = status(api)
     assert (out.state, out.weight) == (RolloutState.PROGRESSING, 25)
     assert out.served == pytest.approx(0.02)  # beside the weight, before any analysis
-    for _ in range(3):
-        api.clock.advance(INTERVAL / 6)
-        report(api, agent)
-        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
-        tick(api)
+    starved_rounds(3)
     out = status(api)
     # Starved once: held another interval (the gateways may lag a canary just ready).
     assert (out.state, out.step, out.weight) == (RolloutState.PROGRESSING, 1, 25)
     assert out.analysis is not None and out.analysis.verdict == "starved"
     assert "extended" in out.reason and "12 of 600 requests" in out.reason
-    for _ in range(6):
-        api.clock.advance(INTERVAL / 6)
-        report(api, agent)
-        traffic(api, gateway, stable=(98, 0), canary=(2, 0))
-        tick(api)
+    starved_rounds(6)
     out = status(api)
     # Starved twice running: not judged on so little, not extended forever: paused for the
     # operator, saying why.
