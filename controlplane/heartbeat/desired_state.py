@@ -22,6 +22,19 @@ from protocol.wire import DesiredInstance, Manifest, MemoryPlan, ModelVersionRef
 DEFAULT_BIND_ADDRESS = "127.0.0.1"
 
 
+def _version_columns() -> tuple[Any, ...]:
+    """What an agent needs of a version to fetch and run it, as columns of a select."""
+    return (
+        col(Model.name).label("model"),
+        col(VersionRow.version),
+        col(VersionRow.digest),
+        col(VersionRow.line),
+        col(VersionRow.manifest),
+        col(VersionRow.source_uri),
+        col(VersionRow.memory_plan),
+    )
+
+
 def desired_instances(
     conn: Connection, host_id: int, advertise_address: str | None
 ) -> list[DesiredInstance]:
@@ -42,13 +55,7 @@ def desired_instances(
             col(Instance.version_id),
             col(Deployment.name).label("deployment"),
             col(Deployment.engine_config),
-            col(Model.name).label("model"),
-            col(VersionRow.version),
-            col(VersionRow.digest),
-            col(VersionRow.line),
-            col(VersionRow.manifest),
-            col(VersionRow.source_uri),
-            col(VersionRow.memory_plan),
+            *_version_columns(),
         )
         .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
         .join(VersionRow, col(VersionRow.id) == col(Instance.version_id))
@@ -102,13 +109,7 @@ def prefetch(conn: Connection, host_id: int) -> list[ModelVersionRef]:
     deployments = select(col(Instance.deployment_id)).where(col(Instance.host_id) == host_id)
     rows = conn.execute(
         select(
-            col(Model.name).label("model"),
-            col(VersionRow.version),
-            col(VersionRow.digest),
-            col(VersionRow.line),
-            col(VersionRow.manifest),
-            col(VersionRow.source_uri),
-            col(VersionRow.memory_plan),
+            *_version_columns(),
         )
         .select_from(Rollout)
         .join(VersionRow, col(VersionRow.id) == col(Rollout.to_version_id))
