@@ -53,9 +53,15 @@ def fetches(ro: RolloutFleet) -> float:
 def test_a_good_version_goes_10_50_100_and_is_promoted(rollout_fleet: RolloutFleet) -> None:
     ro = rollout_fleet
     start = time.monotonic()
+    # This test is about the steps, the split and the promotion, not the latency gate (unit
+    # tests in tests/controlplane judge that): two engines, an agent, a gateway, a control
+    # plane and the load share two cores with other test workers here, and CI once saw the
+    # canary's p95 at 3.5x stable's for two intervals (88 ms against 24 ms) on the same
+    # weights. So its latency limits are far above anything scheduling noise reaches.
     result = ro.dctl(
         "rollout", "demo", "--to", "demo:v2", "--steps", "10,50,100",
-        "--interval", f"{INTERVAL_S}s", "--min-requests", "20", "--wait", timeout=400,
+        "--interval", f"{INTERVAL_S}s", "--min-requests", "20",
+        "--max-latency-ratio", "20", "--max-ttft-ratio", "20", "--wait", timeout=400,
     )  # fmt: skip
     if result.returncode:
         for a in ro.load.since(start):
