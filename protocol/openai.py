@@ -216,6 +216,10 @@ class CompletionRequest(BaseRequest):
     suffix: str | None = None
 
 
+# Content-part types that carry an image (OpenAI's chat and Responses spellings).
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})
+
+
 class TextPart(BaseModel):
     """One text part of a message's content list."""
 
@@ -230,6 +234,21 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")  # e.g. `name`, which the template does not use
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, value: object) -> object:
+        # Said before the union is tried: pydantic's own error for an image part lists every
+        # member it failed to match, and never says that images are what is not served.
+        if isinstance(value, list):
+            for i, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind in IMAGE_PART_TYPES:
+                    raise ValueError(
+                        f"content part {i} is an image ({kind!r}): the engines serve text only "
+                        "(a checkpoint's vision tower is not loaded); send text parts"
+                    )
+        return value
 
     @model_validator(mode="after")
     def _bounded_parts(self) -> ChatMessage:

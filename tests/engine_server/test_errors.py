@@ -92,6 +92,18 @@ def test_invalid_chat_bodies_are_400(
         assert error["param"] == param
 
 
+def test_an_image_part_is_a_400_that_says_images_are_not_served(server: ServerProcess) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    content = [{"type": "text", "text": "What is in this picture?"}, image]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["param"] == "messages"
+    assert "content part 1 is an image ('image_url')" in error["message"]
+    assert "text only" in error["message"]
+
+
 def test_the_openai_client_sees_a_bad_request_error(server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
     with pytest.raises(openai.BadRequestError) as info:
