@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import typer
 
@@ -23,6 +23,9 @@ from protocol.vocabulary import VersionLine
 
 if TYPE_CHECKING:
     from protocol.wire import MemoryPlan
+
+# The checkpoint layouts `create-demo` can write.
+DemoFamily = Literal["sdar", "diffusion-gemma"]
 
 model_app = typer.Typer(
     help="Model versions: weight snapshots with sha256 manifests.", no_args_is_help=True
@@ -226,9 +229,17 @@ def model_create_demo(
     size: str | None = typer.Option(
         None, "--size", help="With --random: tiny (tests, the default) or small."
     ),
+    family: DemoFamily = typer.Option(
+        "sdar",
+        "--family",
+        help="sdar: the SDAR-MoE layout; diffusion-gemma: a tiny DiffusionGemma (needs --random).",
+    ),
 ) -> None:
     """Write a demo checkpoint into DIRECTORY: the small trained model (default) or, with
     --random, a deterministic random-weight one."""
+    if family == "diffusion-gemma":
+        _write_diffusion_gemma_demo(directory, seed=seed, random_weights=random_weights, size=size)
+        return
     if not random_weights:
         if size is not None:
             fail("--size applies to random checkpoints only: add --random", USAGE)
@@ -249,6 +260,23 @@ def model_create_demo(
     except ValueError as exc:
         fail(str(exc))
     print(f"demo checkpoint ({size}, random weights, seed {seed}) written to {path}")
+
+
+def _write_diffusion_gemma_demo(
+    directory: str, *, seed: int, random_weights: bool, size: str | None
+) -> None:
+    """`create-demo --family diffusion-gemma`: the tiny random DiffusionGemma checkpoint."""
+    if not random_weights:
+        fail("--family diffusion-gemma has no trained demo model yet: add --random", USAGE)
+    if size not in (None, "tiny"):
+        fail("--family diffusion-gemma comes in --size tiny only", USAGE)
+    from engine.families.diffusion_gemma.demo import create_diffusion_gemma_demo as create
+
+    try:
+        path = create(directory, seed=seed)
+    except ValueError as exc:
+        fail(str(exc))
+    print(f"DiffusionGemma demo checkpoint (tiny, random weights, seed {seed}) written to {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -13,7 +13,7 @@ The weights are random: the model produces fluent-looking token soup, not Englis
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,9 +118,16 @@ SHAPES: dict[str, DemoShape] = {
 }
 
 
-def train_tokenizer(vocab_size: int, texts: Iterable[str] | None = None) -> Any:
+def train_tokenizer(
+    vocab_size: int,
+    texts: Iterable[str] | None = None,
+    *,
+    special_tokens: Sequence[str] = SPECIAL_TOKENS,
+    added_tokens: Sequence[str] = THINK_TOKENS,
+) -> Any:
     """Train a byte-level BPE tokenizer on `texts` (default: the built-in corpus's lines);
-    deterministic, no download."""
+    deterministic, no download. `special_tokens` take ids 0.. in order; `added_tokens` come
+    after the BPE vocabulary as ordinary (non-special) added tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -128,13 +135,13 @@ def train_tokenizer(vocab_size: int, texts: Iterable[str] | None = None) -> Any:
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     corpus = CORPUS.splitlines() if texts is None else texts
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in THINK_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return tokenizer
 
 
@@ -273,6 +280,17 @@ def write_tokenizer(
     return tokenizer
 
 
+def prepare_demo_directory(directory: str | Path) -> Path:
+    """Create `directory` (parents too) for a new checkpoint; ValueError if it holds files."""
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{out} is not empty; choose a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = "tiny") -> Path:
     """Write the demo checkpoint into `directory` (created if missing) and return its path.
 
@@ -283,12 +301,7 @@ def create_demo_checkpoint(directory: str | Path, *, seed: int = 0, size: str = 
     if seed < 0:
         raise ValueError(f"seed must be >= 0 (got {seed})")
     shape = SHAPES[size]
-    out = Path(directory)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        raise ValueError(f"{out} is not empty; choose a new directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_demo_directory(directory)
     from safetensors.torch import save_file  # torch: only once the arguments are known good
 
     tokenizer = write_tokenizer(out, vocab_size=shape.bpe_vocab, max_positions=shape.max_positions)

@@ -1,0 +1,1 @@
+"""Model families beyond the SDAR / Qwen3-MoE layout: one package per family."""
