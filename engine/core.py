@@ -15,15 +15,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from engine.decoding import detect_finish, releasable_text
 from engine.detokenizer import IncrementalDetokenizer
-from engine.errors import EngineError, InvalidParams
-from engine.kv_cache import KVCache
-from engine.model import Model
+from engine.errors import InvalidParams
+from engine.families.base import FamilyRunner
+from engine.families.runners import build_runner
 from engine.params import SamplingParams
-from engine.runner import ModelRunner, RequestResult
-from engine.sampling import RowSampler
+from engine.runner import RequestResult
 from engine.scheduler import Request, Scheduler
 from engine.tokenizer import Tokenizer
 
@@ -69,17 +69,8 @@ class EngineCore:
     """Continuous-batching block-diffusion decoder over a preallocated per-slot KV cache."""
 
     def __init__(
-        self, model: Model, tokenizer: Tokenizer, *, max_batch_size: int, max_seq_len: int
+        self, model: Any, tokenizer: Tokenizer, *, max_batch_size: int, max_seq_len: int
     ) -> None:
-        config = model.config
-        mask_id = config.mask_token_id
-        if mask_id is None:
-            mask_id = tokenizer.mask_token_id
-        if mask_id is None:
-            raise EngineError(
-                f"the checkpoint ({config.model_type}) names no mask token, so it cannot run "
-                "block-diffusion decoding; set mask_token_id in config.json"
-            )
         if max_batch_size < 1 or max_seq_len < 1:
             raise InvalidParams(
                 "max_batch_size" if max_batch_size < 1 else "max_seq_len",
@@ -89,18 +80,14 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.default_block_size = max(1, config.block_size)
-        self.mask_token_id = mask_id
-        self.eos_token_ids = frozenset(config.eos_token_ids or tokenizer.eos_token_ids)
-        self.cache = KVCache(
-            config, max_batch_size, max_seq_len, dtype=model.dtype, device=model.device
+        # The model's family supplies the forwards and the decoding rule; everything else here
+        # is shared by every family.
+        self.runner: FamilyRunner = build_runner(
+            model, tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len
         )
-        self.runner = ModelRunner(
-            model,
-            self.cache,
-            mask_token_id=mask_id,
-            vocab_limit=min(tokenizer.vocab_size, config.vocab_size),
-        )
+        self.cache = self.runner.cache
+        self.default_block_size = self.runner.block_size
+        self.eos_token_ids = frozenset(model.config.eos_token_ids or tokenizer.eos_token_ids)
         self.scheduler = Scheduler(max_batch_size)
         self._aborts: list[str] = []
         self.last_step = StepStats()
@@ -118,14 +105,7 @@ class EngineCore:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidParams("prompt", f"prompt token ids must be in [0, {vocab}), got {bad[0]}")
-        sampler = RowSampler.create(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            seed=params.seed,
-            device=str(self.model.device),
-            min_p=params.min_p,
-        )
+        self.runner.check_params(params)
         decode = self.tokenizer.decode
         if not params.skip_special_tokens:
             decode = partial(decode, skip_special_tokens=False)
@@ -134,12 +114,14 @@ class EngineCore:
             prompt_ids=list(prompt_token_ids),
             params=params,
             block_size=params.resolved_block_size(self.default_block_size),
-            sampler=sampler,
             detokenizer=IncrementalDetokenizer(decode),
             stop_token_ids=self.stop_token_ids(params),
+            aligned_prefill=self.runner.aligned_prefill,
+            whole_prompt_prefill=self.runner.whole_prompt_prefill,
         )
+        self.runner.start(request)
         # The first block starts right after the full prompt blocks that prefill caches.
-        request.open_block(request.prefill_target, self.mask_token_id)
+        request.open_block(request.prefill_target, self.runner.placeholder_token_id)
         self.scheduler.add(request)
 
     def stop_token_ids(self, params: SamplingParams) -> frozenset[int]:
@@ -214,6 +196,8 @@ class EngineCore:
             if not result.denoised:
                 continue
             request.step_in_block += 1
+            if result.state is not None:
+                request.state = result.state
             for offset, token in zip(result.unmasked, result.tokens, strict=True):
                 request.block_tokens[offset] = token
                 request.block_masked[offset] = False
@@ -247,7 +231,7 @@ class EngineCore:
             request.detokenizer.extend(new_known)
             # The block is final: it is committed by the next block's first step.
             request.pending_commit = request.block_tokens
-            request.open_block(request.block_start, self.mask_token_id)
+            request.open_block(request.block_start, self.runner.placeholder_token_id)
             return self._update(request, new_known, finished=False)
         new = new_known[: finish.num_tokens - len(request.generated)]
         request.detokenizer.extend(new)

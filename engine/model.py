@@ -296,6 +296,8 @@ def attention_mask(
 class Model(nn.Module):
     """Decoder-only LM: embeddings, decoder layers, final norm, LM head (tied or not)."""
 
+    family = "sdar"  # its runner: engine.families.sdar
+
     def __init__(
         self,
         config: ModelConfig,

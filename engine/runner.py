@@ -24,13 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from engine.decoding import NOT_MASKED, most_confident, unmask_counts
 from engine.kv_cache import KVCache
 from engine.model import Model
-from engine.sampling import choose_tokens
+from engine.params import SamplingParams
+from engine.sampling import RowSampler, choose_tokens
 from engine.scheduler import PrefillChunk, Request
 
 
@@ -49,10 +51,18 @@ class RequestResult:
     denoised: bool = False
     unmasked: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
+    # A family's new private state for the request (DiffusionGemma's canvas), or None to keep
+    # it as it was (SDAR keeps everything in the block's tokens and masks).
+    state: Any = None
 
 
 class ModelRunner:
-    """Runs the model over groups of requests that share a block size; changes no request."""
+    """The SDAR family's runner (`engine.families.base.FamilyRunner`): runs the model over
+    groups of requests that share a block size; changes no request."""
+
+    family = "sdar"
+    aligned_prefill = True
+    whole_prompt_prefill = False
 
     def __init__(
         self, model: Model, cache: KVCache, *, mask_token_id: int, vocab_limit: int
@@ -60,8 +70,25 @@ class ModelRunner:
         self.model = model
         self.cache = cache
         self.mask_token_id = mask_token_id
+        self.placeholder_token_id = mask_token_id
+        self.block_size = max(1, model.config.block_size)
         self.vocab_limit = vocab_limit
         self.device = cache.device
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Every SamplingParams field is an SDAR rule: nothing more to refuse."""
+
+    def start(self, request: Request) -> None:
+        """The request's sampler: its temperature, top-k/p, min-p and private random stream."""
+        params = request.params
+        request.sampler = RowSampler.create(
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            device=str(self.device),
+            min_p=params.min_p,
+        )
 
     def _long(self, values: Sequence[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)
@@ -121,7 +148,7 @@ class ModelRunner:
         chosen, confidence = choose_tokens(
             logits,
             masked.sum(dim=1).tolist(),
-            [r.sampler for r in requests],
+            [_sampler(r) for r in requests],
             mask_token_id=self.mask_token_id,
             vocab_limit=self.vocab_limit,
             banned=self._min_tokens_bans(requests),
@@ -193,3 +220,9 @@ class ModelRunner:
             min_steps=self._long([p.min_steps for p in params]),
             max_steps=self._long([p.max_steps or 0 for p in params]),
         )
+
+
+def _sampler(request: Request) -> RowSampler:
+    if request.sampler is None:  # `start` gives every SDAR request one before it is queued
+        raise RuntimeError(f"request {request.request_id} was never started by its runner")
+    return request.sampler

@@ -23,6 +23,7 @@ import enum
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.detokenizer import IncrementalDetokenizer
 from engine.params import SamplingParams
@@ -47,8 +48,15 @@ class Request:
     prompt_ids: list[int]
     params: SamplingParams
     block_size: int
-    sampler: RowSampler
     detokenizer: IncrementalDetokenizer  # the emitted tokens and their text
+    # The family's per-request decoding state, set by its runner's `start`: SDAR's sampler, or
+    # DiffusionGemma's canvas (replaced only through `RequestResult.state`).
+    sampler: RowSampler | None = None
+    state: Any = None
+    # Prefill caches whole prompt blocks (SDAR) or the whole prompt (a canvas family), and may
+    # be chunked unless the family's encoder must see the prompt at once.
+    aligned_prefill: bool = True
+    whole_prompt_prefill: bool = False
     # Tokens that end it (EOS unless ignore_eos, and its stop_token_ids); with min_tokens,
     # the ones the runner forbids at the first min_tokens positions.
     stop_token_ids: frozenset[int] = frozenset()
@@ -88,7 +96,10 @@ class Request:
 
     @property
     def prefill_target(self) -> int:
-        """Prompt positions that go to the cache before decoding: the full prompt blocks."""
+        """Prompt positions that go to the cache before decoding: the full prompt blocks, or
+        the whole prompt for a family whose blocks follow it."""
+        if not self.aligned_prefill:
+            return self.prompt_len
         return self.prompt_len // self.block_size * self.block_size
 
     @property
@@ -202,7 +213,8 @@ class Scheduler:
         return SchedulerOutput(list(prefills.values()), list(decodes.values()))
 
     def prefill_chunks(self) -> list[PrefillChunk]:
-        """This iteration's prompt chunks, whole blocks only, within the token budget.
+        """This iteration's prompt chunks, whole blocks only (or the whole prompt, for a family
+        that caches it whole), within the token budget.
 
         The oldest prefilling request always gets at least one block so prefill progresses
         however small the budget.
@@ -214,10 +226,12 @@ class Scheduler:
                 continue
             remaining = request.prefill_target - request.committed
             length = min(remaining, budget // request.block_size * request.block_size)
+            if request.whole_prompt_prefill:
+                length = remaining if remaining <= budget or not chunks else 0
             if length <= 0:
                 if chunks:
                     break
-                length = request.block_size
+                length = min(remaining, request.block_size)
             chunks.append(PrefillChunk(request, request.committed, length))
             budget -= length
         return chunks

@@ -160,4 +160,4 @@ def test_checkpoint_without_mask_token_cannot_diffuse(
 
 
 def test_mask_token_comes_from_the_tokenizer(llm: LLM) -> None:
-    assert llm.core.mask_token_id == MASK_ID
+    assert llm.core.runner.placeholder_token_id == MASK_ID
