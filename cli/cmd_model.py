@@ -124,36 +124,29 @@ PLAN_SEQ_TOKENS = 4096
 
 def memory_plan(directory: Path) -> tuple[MemoryPlan | None, str]:
     """The memory plan of a checkpoint, or None and why not; torch-free engine code only."""
-    import json
-
     from protocol.wire import MemoryPlan
 
     try:
-        from engine.config import ModelConfig
         from engine.errors import CheckpointError
-        from engine.memory import canonical_dtype, plan_memory
+        from engine.families.registry import size_checkpoint
     except ImportError:
         return None, "memory plan: not stored (the engine is not part of this dctl install)"
     try:
-        raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        gen_file = directory / "generation_config.json"
-        gen = json.loads(gen_file.read_text(encoding="utf-8")) if gen_file.is_file() else None
-        config = ModelConfig.from_hf(raw, gen, source=str(directory / "config.json"))
-        dtype = canonical_dtype(config.torch_dtype or "bf16")
-        seq = min(config.max_position_embeddings, PLAN_SEQ_TOKENS)
-        plan = plan_memory(config, dtype, max_batch=1, max_seq=seq)
+        sizing = size_checkpoint(directory, max_batch=1, max_seq=PLAN_SEQ_TOKENS)
     except (OSError, ValueError, CheckpointError) as exc:
         # Registering weights the engine cannot size is allowed (e.g. a future family); the
         # version is just not checked against host memory.
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return None, f"memory plan: not stored ({reason})"
+    dtype, plan = sizing.dtype, sizing.plan
+    seq = min(sizing.max_context_tokens, PLAN_SEQ_TOKENS)
     stored = MemoryPlan(
         weights_bytes=plan.weights_bytes,
         kv_bytes_per_token=plan.kv_bytes_per_token,
         activation_bytes=plan.activation_bytes,
         dtype=dtype,
-        max_context_tokens=config.max_position_embeddings,
-        num_parameters=config.num_parameters(),
+        max_context_tokens=sizing.max_context_tokens,
+        num_parameters=sizing.num_parameters,
     )
     note = (
         f"memory plan ({dtype}): weights {human_bytes(stored.weights_bytes)}, "
