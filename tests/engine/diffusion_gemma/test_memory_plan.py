@@ -65,5 +65,5 @@ def test_registration_sizes_a_diffusion_gemma_checkpoint_by_its_family(demo: Pat
 
 
 def test_an_unknown_model_type_names_the_types_served() -> None:
-    with pytest.raises(CheckpointError, match="'model_type' is 'llama'.*diffusion_gemma"):
+    with pytest.raises(CheckpointError, match=r"'model_type' is 'llama'.*diffusion_gemma"):
         family_of({"model_type": "llama"}, source="config.json")
