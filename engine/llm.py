@@ -1,4 +1,7 @@
-"""`LLM`: offline batch generation in-process (load a checkpoint, generate, done)."""
+"""`LLM`: offline batch generation in-process (load a checkpoint, generate, done).
+
+The engine is built by `engine.factory.build_engine`, as the server's and the tuner's are.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ from typing import Any
 
 import torch
 
-from engine.core import EngineCore, RequestStats
+from engine.core import RequestStats
 from engine.errors import InvalidParams
-from engine.loader import load_model, load_tokenizer
+from engine.factory import BuiltEngine, EngineOptions, build_engine
 from engine.packing import PackPolicy
 from engine.params import SamplingParams
 
@@ -59,12 +62,18 @@ class LLM:
         max_seq_len: int = 4096,
         packed_weights: PackPolicy = "auto",
     ) -> None:
-        self.model = load_model(path, device=device, dtype=dtype, packed_weights=packed_weights)
-        self.tokenizer = load_tokenizer(path)
-        self.config = self.model.config
-        self.core = EngineCore(
-            self.model, self.tokenizer, max_batch_size=max_batch_size, max_seq_len=max_seq_len
+        options = EngineOptions(
+            dtype=dtype,
+            device=device,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            packed_weights=packed_weights,
         )
+        self.engine: BuiltEngine = build_engine(path, options)
+        self.model = self.engine.model
+        self.tokenizer = self.engine.tokenizer
+        self.config = self.engine.config
+        self.core = self.engine.core
         self._ids = itertools.count()
 
     def generate(

@@ -19,10 +19,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.engine_config import FLAGS, ServeConfig, ServeConfigError, load_serve_config
 from runtime.logs import configure_logging
+
+if TYPE_CHECKING:
+    from engine.factory import EngineOptions
 
 log = logging.getLogger("engine.serve")
 
@@ -55,115 +58,34 @@ def read_config(argv: Sequence[str] | None, prog: str = "python -m engine.serve"
 # ---- model loading -----------------------------------------------------------------------
 
 
-def _device(requested: str) -> str:
-    import torch
+def engine_options(config: ServeConfig) -> EngineOptions:
+    """The `engine.factory.EngineOptions` this configuration asks for."""
+    from engine.factory import EngineOptions
 
-    if requested != "auto":
-        return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _cpu_weights_dtype(
-    policy: str, stored: str, model_config: Any, svc: Any, m: Any, res: Any
-) -> str:
-    """The dtype to load weights in on the CPU: widened once to the compute dtype when the
-    CPU has no native half-precision matmuls and the policy (and the RAM budget) allow."""
-    import os
-
-    import torch
-
-    from engine.memory import plan_memory, resident_dtype
-    from engine.model import default_compute_dtype
-
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(stored, torch.float32)
-    compute = (
-        "fp32"
-        if default_compute_dtype(torch_dtype, torch.device("cpu")) == torch.float32
-        else stored
+    m, svc, res = config.model, config.service, config.resources
+    return EngineOptions(
+        dtype=m.dtype,
+        device=res.device,
+        max_batch_size=svc.max_concurrent_requests,
+        max_seq_len=m.max_seq_len,
+        packed_weights=m.packed_weights,
+        resident_weights=m.resident_weights,
+        memory_fraction=res.memory_fraction,
+        threads=res.threads,
+        track_experts=True,
     )
-    widened = plan_memory(model_config, compute, svc.max_concurrent_requests, m.max_seq_len)
-    try:
-        budget: int | None = int(
-            os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * res.memory_fraction
-        )
-    except (ValueError, OSError):
-        budget = None
-    chosen = resident_dtype(stored, compute, policy, widened.total_bytes, budget)
-    if chosen != stored:
-        log.info(
-            f"weights widened at load: this CPU has no native {stored} matmuls",
-            extra={"weights_dtype": chosen, "bytes": widened.total_bytes, "policy": policy},
-        )
-    return chosen
 
 
 def load_served_model(config: ServeConfig, state: Any) -> Any:
-    """Load weights and tokenizer, plan memory, warm up; return the ServedModel."""
-    import torch
-
-    from engine import packing
+    """Build the engine (`engine.factory`), warm it up, start it; return the ServedModel."""
     from engine.async_engine import AsyncEngine
-    from engine.core import EngineCore
-    from engine.loader import load_checkpoint_config, load_model, load_tokenizer
-    from engine.memory import canonical_dtype, plan_memory
+    from engine.factory import build_engine
     from engine.params import SamplingParams
     from engine.server import ServedModel
 
-    m, svc, res = config.model, config.service, config.resources
-    if res.threads:
-        torch.set_num_threads(res.threads)
-    device = _device(res.device)
-    model_config = load_checkpoint_config(m.path)
-    dtype = None if m.dtype == "auto" else m.dtype
-    plan_dtype = canonical_dtype(dtype or model_config.torch_dtype or "fp32")
-    plan = plan_memory(model_config, plan_dtype, svc.max_concurrent_requests, m.max_seq_len)
-    log.info("memory plan", extra={"device": device, "dtype": plan_dtype, **plan.to_dict()})
-    if device.startswith("cuda"):
-        index = torch.device(device).index or 0
-        budget = int(torch.cuda.get_device_properties(index).total_memory * res.memory_fraction)
-        if plan.total_bytes > budget:
-            raise RuntimeError(
-                f"the model needs {plan.total_bytes / 2**30:.1f} GiB but "
-                f"resources.memory_fraction={res.memory_fraction} of {device} allows "
-                f"{budget / 2**30:.1f} GiB; lower service.max_concurrent_requests or "
-                "model.max_seq_len, or use a larger GPU"
-            )
-        torch.cuda.set_per_process_memory_fraction(res.memory_fraction, index)
-
-    load_dtype: str | None = dtype
-    if device == "cpu":
-        load_dtype = _cpu_weights_dtype(m.resident_weights, plan_dtype, model_config, svc, m, res)
-
-    start = time.perf_counter()
-    model = load_model(m.path, device=device, dtype=load_dtype)
-    tokenizer = load_tokenizer(m.path)
-    weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    log.info(
-        "weights loaded",
-        extra={
-            "path": m.path,
-            "weights_bytes": weights_bytes,
-            "seconds": round(time.perf_counter() - start, 3),
-            "dtype": str(model.dtype).removeprefix("torch."),
-        },
-    )
-    scope = packing.scope(m.packed_weights, model.device, model.dtype, model.compute_dtype)
-    if scope != "none":
-        start = time.perf_counter()
-        extra = model.pack_weights(scope)
-        log.info(
-            "weights packed for oneDNN",
-            extra={
-                "scope": scope,
-                "extra_bytes": extra,
-                "seconds": round(time.perf_counter() - start, 3),
-            },
-        )
-    if hasattr(model, "track_experts"):
-        model.track_experts(True)
-    core = EngineCore(
-        model, tokenizer, max_batch_size=svc.max_concurrent_requests, max_seq_len=m.max_seq_len
-    )
+    m, svc = config.model, config.service
+    built = build_engine(m.path, engine_options(config))
+    model, tokenizer, core = built.model, built.tokenizer, built.core
     start = time.perf_counter()
     warm_prompt = tokenizer.encode("Hello") or [0]
     core.add_request("warm-up", warm_prompt, SamplingParams(max_tokens=1))
@@ -171,15 +93,13 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         core.step()
     log.info("warm-up done", extra={"seconds": round(time.perf_counter() - start, 3)})
 
-    compute = str(model.compute_dtype).removeprefix("torch.")
-    log.info("compute dtype", extra={"compute_dtype": compute, "device": device})
     state.metrics.set_model_info(
         m.name,
         m.snapshot_digest,
         dtype=str(model.dtype).removeprefix("torch."),
-        compute_dtype=compute,
+        compute_dtype=str(model.compute_dtype).removeprefix("torch."),
         weights_layout=model.weights_layout,
-        device=device,
+        device=built.device,
     )
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)
     state.metrics.max_queue.set(svc.max_queue)
@@ -191,11 +111,10 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         model=model,
     )
     engine.start()
-    block = m.block_size or core.default_block_size
     return ServedModel(
         engine=engine,
         tokenizer=tokenizer,
-        default_block=block,
+        default_block=m.block_size or core.default_block_size,
     )
 
 

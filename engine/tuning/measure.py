@@ -1,4 +1,5 @@
-"""Measuring settings in-process: the checkpoint loaded with `LLM`, requests fed to its core.
+"""Measuring settings in-process: the checkpoint built by `engine.factory` (as `LLM` and the
+server build theirs), requests fed to its core.
 
 Latency is per request: at most `concurrency` requests are in the engine at once, and the next
 prompt enters only when one finishes, so a request's end-to-end time never includes waiting
@@ -20,7 +21,7 @@ import torch
 
 from engine.core import RequestStats
 from engine.errors import EngineError
-from engine.llm import LLM
+from engine.factory import BuiltEngine, EngineOptions, build_engine
 from engine.loader import load_tokenizer
 from engine.params import SamplingParams, padded_length
 from engine.tokenizer import Tokenizer
@@ -49,7 +50,7 @@ def encode_prompts(tokenizer: Tokenizer, messages: Sequence[str]) -> tuple[list[
 class InProcessRunner:
     """Runs settings on a checkpoint loaded in this process (greedy, temperature 0)."""
 
-    llm: LLM
+    engine: BuiltEngine
     prompts: list[list[int]]
     passages: list[HeldoutPassage]
     rendering: str
@@ -76,8 +77,6 @@ class InProcessRunner:
         THREADS sets torch's CPU threads as `resources.threads` does for a server, so the
         latencies are those of the configuration that will serve (None: torch's default).
         """
-        if threads is not None:
-            torch.set_num_threads(threads)
         tokenizer = load_tokenizer(model_dir)
         prompts, rendering = encode_prompts(tokenizer, messages)
         notes = []
@@ -95,23 +94,23 @@ class InProcessRunner:
         lengths = [padded_length(len(p), max_tokens, b) for p in prompts for b in block_sizes] + [
             padded_length(HELDOUT_PROMPT_TOKENS, b, b) for b in block_sizes if passages
         ]
-        llm = LLM(
-            model_dir,
-            device=device,
+        options = EngineOptions(
             dtype=dtype,
+            device=device,
             max_batch_size=max(concurrency, len(passages), 1),
             max_seq_len=max(lengths),
+            threads=threads,
         )
-        return cls(llm, prompts, passages, rendering, notes)
+        return cls(build_engine(model_dir, options), prompts, passages, rendering, notes)
 
     def describe(self) -> dict[str, Any]:
         """The model and machine the numbers belong to."""
-        config = self.llm.config
+        config, model = self.engine.config, self.engine.model
         return {
             "model_type": config.model_type,
             "checkpoint_block_size": config.block_size,
-            "dtype": str(self.llm.model.dtype).removeprefix("torch."),
-            "device": str(self.llm.model.device),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "device": str(model.device),
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "cpu": platform.processor() or platform.machine(),
@@ -165,7 +164,7 @@ class InProcessRunner:
         self, prompts: Sequence[list[int]], params: SamplingParams, *, concurrency: int
     ) -> list[tuple[list[int], RequestStats]]:
         """Decode PROMPTS keeping at most CONCURRENCY in the engine; results in prompt order."""
-        core = self.llm.core
+        core = self.engine.core
         waiting = deque(enumerate(prompts))
         active: dict[str, int] = {}
         tokens: list[list[int]] = [[] for _ in prompts]

@@ -3,14 +3,13 @@ memory allows (or the config says so), instead of widening every weight on every
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from typing import Any
 
 import pytest
-import torch
 
 from engine.config import ModelConfig
+from engine.factory import EngineOptions, cpu_weights_dtype
 from engine.memory import resident_dtype
-from engine.serve import _cpu_weights_dtype
 
 GIB = 1 << 30
 
@@ -51,13 +50,15 @@ def _config() -> ModelConfig:
     ],
 )
 def test_the_server_loads_weights_in_the_dtype_the_cpu_computes_fastest(
-    monkeypatch: pytest.MonkeyPatch, native: bool, policy: str, fraction: float, loaded: str
+    native: bool, policy: Any, fraction: float, loaded: str
 ) -> None:
-    def compute(dtype: torch.dtype, device: torch.device) -> torch.dtype:
-        return dtype if native else torch.float32
+    options = EngineOptions(
+        max_batch_size=4, max_seq_len=512, resident_weights=policy, memory_fraction=fraction
+    )
+    assert cpu_weights_dtype(_config(), "bf16", options, native=native) == loaded
 
-    monkeypatch.setattr("engine.model.default_compute_dtype", compute)
-    svc = SimpleNamespace(max_concurrent_requests=4)
-    model = SimpleNamespace(max_seq_len=512)
-    resources = SimpleNamespace(memory_fraction=fraction)
-    assert _cpu_weights_dtype(policy, "bf16", _config(), svc, model, resources) == loaded
+
+def test_without_a_memory_budget_auto_keeps_the_weights_as_stored() -> None:
+    # The library's default (no memory_fraction): RAM is not the engine's to fill.
+    options = EngineOptions(max_batch_size=4, max_seq_len=512, resident_weights="auto")
+    assert cpu_weights_dtype(_config(), "bf16", options, native=False) == "bf16"

@@ -1,0 +1,208 @@
+"""One way to build an engine from a checkpoint: model, tokenizer, memory plan, KV cache, core.
+
+`LLM`, `engine.serve` and `dctl tune` all call `build_engine`, so the device, the memory plan
+and its budget, the dtype the weights are kept in, their packed layout and the cache are
+decided in one place, and the same options give the same engine whichever entry point asked.
+Each entry point only translates its own arguments into `EngineOptions`.
+
+What depends on the model family (reading its config, planning its memory, loading its weights,
+building its runner and core) is `load_family`; a second family branches there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from engine import packing
+from engine.config import ModelConfig
+from engine.core import EngineCore
+from engine.errors import EngineError
+from engine.loader import load_checkpoint_config, load_model, load_tokenizer, resolve_dtype
+from engine.memory import MemoryPlan, canonical_dtype, plan_memory, resident_dtype
+from engine.model import Model, default_compute_dtype
+from engine.packing import PackPolicy
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger("engine.factory")
+
+ResidentPolicy = Literal["auto", "stored", "compute"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to build an engine. The defaults are the in-process library's (`LLM`); the server
+    fills every field from its configuration (`engine.serve.engine_options`)."""
+
+    # None or "auto": the dtype the checkpoint stores.
+    dtype: str | torch.dtype | None = None
+    # "auto": CUDA when torch sees a GPU, else the CPU.
+    device: str = "cpu"
+    max_batch_size: int = 16
+    max_seq_len: int = 4096
+    packed_weights: PackPolicy = "auto"
+    # Where the CPU computes half precision in fp32: keep the weights as stored ("stored"),
+    # widen them once at load ("compute"), or widen when they fit the RAM budget ("auto").
+    resident_weights: ResidentPolicy = "stored"
+    # Share of the device's memory the engine may use: a GPU's cap (the load fails beyond it)
+    # and the CPU's RAM budget for resident_weights "auto". None: no budget, no cap.
+    memory_fraction: float | None = None
+    # torch's CPU threads (a process-wide setting); None leaves torch's choice.
+    threads: int | None = None
+    # Count tokens per MoE expert (for /metrics); off where nobody reads them.
+    track_experts: bool = False
+
+
+@dataclass
+class BuiltEngine:
+    """A checkpoint loaded and ready to decode: what every entry point drives."""
+
+    model: Model
+    tokenizer: Tokenizer
+    config: ModelConfig
+    core: EngineCore
+    plan: MemoryPlan
+    device: str
+    options: EngineOptions
+
+
+def build_engine(checkpoint_dir: str | Path, options: EngineOptions | None = None) -> BuiltEngine:
+    """Load the checkpoint in CHECKPOINT_DIR as OPTIONS say and build its core.
+
+    Raises CheckpointError for a bad checkpoint or dtype, EngineError when the memory plan does
+    not fit the device's budget.
+    """
+    options = options or EngineOptions()
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    return load_family(Path(checkpoint_dir), options, resolve_device(options.device))
+
+
+def resolve_device(requested: str) -> str:
+    """The device to load on: REQUESTED, or for "auto" CUDA when available, else the CPU."""
+    if requested != "auto":
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_family(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
+    """The model-family part of building: config, memory plan, weights, tokenizer and core.
+
+    Block-diffusion checkpoints of the Qwen3-MoE layout (`engine.config.ModelConfig`) are the
+    only family so far; another one (DiffusionGemma) branches here on config.json's model_type.
+    """
+    config = load_checkpoint_config(root)
+    plan_dtype = canonical_dtype(resolve_dtype(options.dtype, config.torch_dtype))
+    plan = plan_memory(config, plan_dtype, options.max_batch_size, options.max_seq_len)
+    log.info("memory plan", extra={"device": device, "dtype": plan_dtype, **plan.to_dict()})
+    if device.startswith("cuda"):
+        reserve_gpu_memory(plan.total_bytes, device, options.memory_fraction)
+    load_dtype = options.dtype
+    if device == "cpu":
+        native = _cpu_computes_natively(plan_dtype)
+        resident = cpu_weights_dtype(config, plan_dtype, options, native=native)
+        # Unchanged, the dtype asked for stays: None lets the loader keep what the file stores.
+        load_dtype = resident if resident != plan_dtype else load_dtype
+
+    start = time.perf_counter()
+    model = load_model(root, device=device, dtype=load_dtype)
+    tokenizer = load_tokenizer(root)
+    log.info(
+        "weights loaded",
+        extra={
+            "path": str(root),
+            "weights_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "seconds": round(time.perf_counter() - start, 3),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        },
+    )
+    pack_weights(model, options.packed_weights)
+    model.track_experts(options.track_experts)
+    compute = str(model.compute_dtype).removeprefix("torch.")
+    log.info("compute dtype", extra={"compute_dtype": compute, "device": device})
+    core = EngineCore(
+        model,
+        tokenizer,
+        max_batch_size=options.max_batch_size,
+        max_seq_len=options.max_seq_len,
+    )
+    return BuiltEngine(model, tokenizer, config, core, plan, device, options)
+
+
+def reserve_gpu_memory(needed_bytes: int, device: str, fraction: float | None) -> None:
+    """Check the plan against FRACTION of the GPU and cap this process there (None: no cap)."""
+    if fraction is None:
+        return
+    index = torch.device(device).index or 0
+    budget = int(torch.cuda.get_device_properties(index).total_memory * fraction)
+    if needed_bytes > budget:
+        raise EngineError(
+            f"the model needs {needed_bytes / 2**30:.1f} GiB but "
+            f"resources.memory_fraction={fraction} of {device} allows "
+            f"{budget / 2**30:.1f} GiB; lower service.max_concurrent_requests or "
+            "model.max_seq_len, or use a larger GPU"
+        )
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+
+
+def cpu_weights_dtype(
+    config: ModelConfig, stored: str, options: EngineOptions, *, native: bool
+) -> str:
+    """The dtype the weights are kept in on the CPU: STORED, or fp32 when this CPU has no
+    NATIVE half-precision matmuls (activations are fp32 then) and the policy and the RAM budget
+    allow widening them once at load rather than at every matmul."""
+    compute = stored if native else "fp32"
+    widened = plan_memory(config, compute, options.max_batch_size, options.max_seq_len)
+    chosen = resident_dtype(
+        stored, compute, options.resident_weights, widened.total_bytes, _ram_budget(options)
+    )
+    if chosen != stored:
+        log.info(
+            f"weights widened at load: this CPU has no native {stored} matmuls",
+            extra={
+                "weights_dtype": chosen,
+                "bytes": widened.total_bytes,
+                "policy": options.resident_weights,
+            },
+        )
+    return chosen
+
+
+def _cpu_computes_natively(dtype: str) -> bool:
+    """Whether this CPU multiplies DTYPE natively (else the model computes in fp32)."""
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, torch.float32)
+    return default_compute_dtype(torch_dtype, torch.device("cpu")) == torch_dtype
+
+
+def _ram_budget(options: EngineOptions) -> int | None:
+    """memory_fraction of this machine's RAM; None without a fraction or where unknown."""
+    if options.memory_fraction is None:
+        return None
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+    return int(ram * options.memory_fraction)
+
+
+def pack_weights(model: Model, policy: PackPolicy) -> None:
+    """Move the projection weights into oneDNN's CPU layout where POLICY and the CPU say so."""
+    scope = packing.scope(policy, model.device, model.dtype, model.compute_dtype)
+    if scope == "none":
+        return
+    start = time.perf_counter()
+    extra = model.pack_weights(scope)
+    log.info(
+        "weights packed for oneDNN",
+        extra={
+            "scope": scope,
+            "extra_bytes": extra,
+            "seconds": round(time.perf_counter() - start, 3),
+        },
+    )
