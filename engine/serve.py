@@ -81,7 +81,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
     from engine.async_engine import AsyncEngine
     from engine.factory import build_engine
     from engine.params import SamplingParams
-    from engine.server import ServedModel
+    from engine.serving import ServedModel
 
     m, svc = config.model, config.service
     built = build_engine(m.path, engine_options(config))
@@ -127,7 +127,8 @@ def run(config: ServeConfig) -> int:
     import uvicorn
 
     from engine.metrics import EngineMetrics
-    from engine.server import ServerState, create_app
+    from engine.server import create_app
+    from engine.serving import ServerState
 
     # `_created` samples only double the scrape size; nothing here charts them.
     prometheus_client.disable_created_metrics()
