@@ -6,7 +6,7 @@ decided in one place, and the same options give the same engine whichever entry 
 Each entry point only translates its own arguments into `EngineOptions`.
 
 What depends on the model family (reading its config, planning its memory, loading its weights,
-building its runner and core) is `load_family`; a second family branches there.
+building its core) starts in `load_family`, the one place that branches on it.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from typing import Literal
 import torch
 
 from engine import packing
-from engine.config import ModelConfig
+from engine.config import ModelConfig, read_checkpoint_json
 from engine.core import EngineCore
-from engine.errors import EngineError
+from engine.errors import CheckpointError, EngineError
+from engine.families.registry import FAMILY_MODEL_TYPES, family_of
 from engine.loader import load_checkpoint_config, load_model, load_tokenizer, resolve_dtype
 from engine.memory import MemoryPlan, canonical_dtype, plan_memory, resident_dtype
 from engine.model import Model, default_compute_dtype
@@ -92,11 +93,23 @@ def resolve_device(requested: str) -> str:
 
 
 def load_family(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
-    """The model-family part of building: config, memory plan, weights, tokenizer and core.
+    """The model-family part of building: the one place that branches on the family
+    (`engine.families.registry`, from config.json's model_type)."""
+    source = root / "config.json"
+    # Without config.json the loader's own errors say what to fix (not a directory, missing).
+    raw = read_checkpoint_json(source) if source.is_file() else {}
+    family = family_of(raw, source=str(source)) if raw else "sdar"
+    if family == "sdar":
+        return build_sdar(root, options, device)
+    raise CheckpointError(
+        f"{source}: the engine cannot serve the {family} family yet; serve a checkpoint of "
+        f"model_type {', '.join(FAMILY_MODEL_TYPES['sdar'])}"
+    )
 
-    Block-diffusion checkpoints of the Qwen3-MoE layout (`engine.config.ModelConfig`) are the
-    only family so far; another one (DiffusionGemma) branches here on config.json's model_type.
-    """
+
+def build_sdar(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
+    """Block-diffusion checkpoints of the Qwen3-MoE layout (`engine.config.ModelConfig`):
+    memory plan and budget, the weights' dtype and layout, tokenizer and core."""
     config = load_checkpoint_config(root)
     plan_dtype = canonical_dtype(resolve_dtype(options.dtype, config.torch_dtype))
     plan = plan_memory(config, plan_dtype, options.max_batch_size, options.max_seq_len)
