@@ -109,9 +109,9 @@ def run_dtype(path: Path, dtype: torch.dtype, prompt: int, block: int, steps: in
     from transformers import AutoModelForCausalLM
 
     from engine.kv_cache import KVCache
-    from engine.loader import load_model
+    from engine.loader import load_sdar_model
 
-    ours = load_model(path, dtype=dtype, packed_weights=PACKED)
+    ours = load_sdar_model(path, dtype=dtype, packed_weights=PACKED)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     vocab = ours.config.vocab_size
     gen = torch.Generator().manual_seed(1)

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,7 +27,17 @@ from engine.model import Model
 from engine.packing import PackPolicy
 from engine.tokenizer import find_mask_token_id, load_tokenizer
 
-__all__ = ["load_checkpoint_config", "load_model", "load_tokenizer", "resolve_dtype"]
+if TYPE_CHECKING:
+    from engine.families.diffusion_gemma.model import DiffusionGemmaModel
+
+__all__ = [
+    "copy_tensors",
+    "load_checkpoint_config",
+    "load_model",
+    "load_sdar_model",
+    "load_tokenizer",
+    "resolve_dtype",
+]
 
 _TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _SAFETENSORS_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
@@ -305,6 +315,32 @@ def _select(cfg: ModelConfig, headers: dict[str, _Header], root: Path) -> dict[s
     return chosen
 
 
+def copy_tensors(
+    chosen: dict[str, _Target], headers: dict[str, _Header], params: dict[str, torch.Tensor]
+) -> None:
+    """Copies each chosen checkpoint tensor into its target (a parameter or buffer in PARAMS,
+    or an index of one), file by file, tensor by tensor."""
+    from safetensors import safe_open
+
+    by_file: dict[Path, list[str]] = defaultdict(list)
+    for name in chosen:
+        by_file[headers[name].file].append(name)
+    with torch.no_grad():
+        for file, names in sorted(by_file.items()):
+            try:
+                with safe_open(str(file), framework="pt", device="cpu") as reader:
+                    for name in names:
+                        target = chosen[name]
+                        param = params[target.param]
+                        dest = param[target.index] if target.index else param
+                        dest.copy_(reader.get_tensor(name))
+            except Exception as exc:
+                # safetensors raises its own error types for damaged files; name the file.
+                raise CheckpointError(
+                    f"{file}: cannot read tensors ({exc}); re-download it"
+                ) from exc
+
+
 def load_model(
     path: str | Path,
     *,
@@ -312,8 +348,35 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     compute_dtype: torch.dtype | None = None,
     packed_weights: PackPolicy = "off",
+) -> Model | DiffusionGemmaModel:
+    """Builds the model of a checkpoint directory and loads its weights, checked first: an
+    SDAR-family `Model` (`load_sdar_model`), or a `DiffusionGemmaModel` when config.json says
+    `model_type: diffusion_gemma` (`engine.families.diffusion_gemma.weights`; it ignores
+    packed_weights)."""
+    root = _checkpoint_dir(path)
+    if read_checkpoint_json(root / "config.json").get("model_type") == "diffusion_gemma":
+        from engine.families.diffusion_gemma.weights import load_diffusion_gemma
+
+        return load_diffusion_gemma(root, device=device, dtype=dtype, compute_dtype=compute_dtype)
+    return load_sdar_model(
+        root,
+        device=device,
+        dtype=dtype,
+        compute_dtype=compute_dtype,
+        packed_weights=packed_weights,
+    )
+
+
+def load_sdar_model(
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None,
+    packed_weights: PackPolicy = "off",
 ) -> Model:
-    """Builds the model of a checkpoint directory and loads its weights, checked first.
+    """Builds the SDAR-family model (Qwen3 / Qwen3-MoE layout) of a checkpoint directory and
+    loads its weights, checked first.
 
     compute_dtype: activation dtype; by default the weights' dtype, or fp32 for bf16/fp16
     weights on a CPU without native half-precision matmuls.
@@ -338,25 +401,7 @@ def load_model(
         # A bug in the name plan, not in the checkpoint: never serve uninitialised weights.
         raise RuntimeError(f"loader plan leaves parameters unfilled: {uncovered}")
 
-    from safetensors import safe_open
-
-    by_file: dict[Path, list[str]] = defaultdict(list)
-    for name in chosen:
-        by_file[headers[name].file].append(name)
-    with torch.no_grad():
-        for file, names in sorted(by_file.items()):
-            try:
-                with safe_open(str(file), framework="pt", device="cpu") as reader:
-                    for name in names:
-                        target = chosen[name]
-                        param = params[target.param]
-                        dest = param[target.index] if target.index else param
-                        dest.copy_(reader.get_tensor(name))
-            except Exception as exc:
-                # safetensors raises its own error types for damaged files; name the file.
-                raise CheckpointError(
-                    f"{file}: cannot read tensors ({exc}); re-download it"
-                ) from exc
+    copy_tensors(chosen, headers, params)
     model.eval()
     model.pack_weights(
         packing.scope(packed_weights, model.device, model.dtype, model.compute_dtype)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import CheckpointError
+from engine.families.diffusion_gemma.decoding_config import DiffusionGemmaDecoding
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +47,6 @@ _GLOBAL_HEAD_DIM = 512
 _SOFTCAP = 30.0
 _CANVAS_LENGTH = 256
 _IMAGE_TOKEN_ID = 258_880
-
-# Reference generation defaults (DiffusionGemmaGenerationConfig._get_default_generation_params).
-_DECODING_DEFAULTS: dict[str, Any] = {
-    "max_new_tokens": 256,
-    "max_denoising_steps": 48,
-    "entropy_bound": 0.1,
-    "t_min": 0.4,
-    "t_max": 0.8,
-    "stability_threshold": 1,
-    "confidence_threshold": 0.005,
-}
 
 
 class _Fields:
@@ -136,49 +126,6 @@ class RotaryParams:
 
 
 @dataclass(frozen=True)
-class DiffusionGemmaDecoding:
-    """Decoding defaults from `generation_config.json`, else the reference's."""
-
-    max_new_tokens: int
-    max_denoising_steps: int
-    entropy_bound: float
-    t_min: float
-    t_max: float
-    stability_threshold: int
-    confidence_threshold: float
-    eos_token_ids: tuple[int, ...]
-    pad_token_id: int | None
-
-    @classmethod
-    def from_hf(
-        cls, generation_config: dict[str, Any] | None, text: _Fields, *, source: str
-    ) -> DiffusionGemmaDecoding:
-        """Reads GENERATION_CONFIG (None: no file); eos/pad fall back to the text config's."""
-        gen = _Fields(generation_config or {}, source)
-        sampler = gen.child("sampler_config")
-        defaults = _DECODING_DEFAULTS
-        t_min = gen.number("t_min", defaults["t_min"], allow_zero=True)
-        t_max = gen.number("t_max", defaults["t_max"], allow_zero=True)
-        if t_max <= t_min:
-            raise gen.fail("t_max", f"({t_max}) must exceed t_min ({t_min})")
-        return cls(
-            max_new_tokens=gen.integer("max_new_tokens", defaults["max_new_tokens"]),
-            max_denoising_steps=gen.integer("max_denoising_steps", defaults["max_denoising_steps"]),
-            entropy_bound=sampler.number("entropy_bound", defaults["entropy_bound"]),
-            t_min=t_min,
-            t_max=t_max,
-            stability_threshold=gen.integer(
-                "stability_threshold", defaults["stability_threshold"], minimum=0
-            ),
-            confidence_threshold=gen.number(
-                "confidence_threshold", defaults["confidence_threshold"]
-            ),
-            eos_token_ids=gen.token_ids("eos_token_id", list(text.token_ids("eos_token_id", [1]))),
-            pad_token_id=gen.optional_id("pad_token_id", text.optional_id("pad_token_id", 0)),
-        )
-
-
-@dataclass(frozen=True)
 class DiffusionGemmaConfig:
     """Architecture of one DiffusionGemma checkpoint's text model, in the engine's names.
 
@@ -203,7 +150,6 @@ class DiffusionGemmaConfig:
     rms_norm_eps: float
     final_logit_softcapping: float
     tie_word_embeddings: bool
-    attention_bias: bool
     canvas_length: int
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
@@ -247,9 +193,14 @@ class DiffusionGemmaConfig:
         if top_k > num_experts:
             raise text.fail("top_k_experts", f"({top_k}) exceeds num_experts ({num_experts})")
         sliding_window = text.integer("sliding_window", 512, minimum=2)
+        if text.boolean("attention_bias", False):
+            # The reference ties every encoder weight to the decoder's but not biases; no
+            # released checkpoint has them.
+            raise text.fail("attention_bias", "is true; attention biases are not supported")
         vision = config.get("vision_config")
         dtype = config.get("dtype", config.get("torch_dtype", text.get("dtype")))
-        gen_source = str(Path(source).with_name("generation_config.json"))
+        canvas_length = top.integer("canvas_length", _CANVAS_LENGTH)
+        eos, pad = text.token_ids("eos_token_id", [1]), text.optional_id("pad_token_id", 0)
         return cls(
             vocab_size=text.integer("vocab_size", 262_144),
             hidden_size=text.integer("hidden_size", 2304),
@@ -271,15 +222,20 @@ class DiffusionGemmaConfig:
             # The top-level flag ties everything (encoder to decoder, head to embedding); the
             # text config's own copy is not what the reference reads.
             tie_word_embeddings=top.boolean("tie_word_embeddings", True),
-            attention_bias=text.boolean("attention_bias", False),
-            canvas_length=top.integer("canvas_length", _CANVAS_LENGTH),
+            canvas_length=canvas_length,
             max_position_embeddings=text.integer("max_position_embeddings", 131_072),
-            eos_token_ids=text.token_ids("eos_token_id", [1]),
-            pad_token_id=text.optional_id("pad_token_id", 0),
+            eos_token_ids=eos,
+            pad_token_id=pad,
             bos_token_id=text.optional_id("bos_token_id", 2),
             image_token_id=top.optional_id("image_token_id", _IMAGE_TOKEN_ID),
             has_vision_tower=isinstance(vision, dict),
-            decoding=DiffusionGemmaDecoding.from_hf(generation_config, text, source=gen_source),
+            decoding=DiffusionGemmaDecoding.from_generation_config(
+                generation_config,
+                canvas_length=canvas_length,
+                source=str(Path(source).with_name("generation_config.json")),
+                fallback_eos_token_ids=eos,
+                fallback_pad_token_id=pad,
+            ),
             torch_dtype=dtype if isinstance(dtype, str) else None,
         )
 
@@ -293,6 +249,22 @@ class DiffusionGemmaConfig:
         causal encoder, W // 2 for a bidirectional one; also what the decoder sees of them."""
         w = self.sliding_window
         return w // 2 if self.bidirectional_encoder else w - 1
+
+    def kv_capacities(self, max_seq_len: int) -> tuple[int, ...]:
+        """Positions each layer's encoder K/V keeps per sequence: all of MAX_SEQ_LEN in a
+        full-attention layer, the last `sliding_context` in a sliding one."""
+        return tuple(
+            self.sliding_context if self.is_sliding(i) else max_seq_len
+            for i in range(self.num_layers)
+        )
+
+    def kv_bytes_per_sequence(self, max_seq_len: int, width: int) -> int:
+        """Bytes of encoder keys and values one sequence of up to MAX_SEQ_LEN positions needs at
+        WIDTH bytes per element (what one `EncoderKV` slot allocates)."""
+        layers = zip(
+            self.num_kv_heads, self.head_dims, self.kv_capacities(max_seq_len), strict=True
+        )
+        return sum(2 * kv * d * cap * width for kv, d, cap in layers)
 
 
 def _layer_types(text: _Fields, num_layers: int) -> tuple[str, ...]:
