@@ -86,6 +86,8 @@ def soft_embeddings(probs: Tensor, weight: Tensor, dtype: torch.dtype) -> Tensor
 class DiffusionGemmaModel(nn.Module):
     """Embeddings, the shared layer stack, the self-conditioning MLP, final norm and tied head."""
 
+    family = "diffusion-gemma"  # its runner: engine.families.diffusion_gemma.runner
+
     def __init__(
         self,
         config: DiffusionGemmaConfig,
