@@ -22,9 +22,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from engine.families.diffusion_gemma.config import FULL, SLIDING, DiffusionGemmaConfig
+from engine.families.diffusion_gemma.config import SLIDING, DiffusionGemmaConfig
 from engine.families.diffusion_gemma.kv import EncoderKV, cached_positions
 from engine.families.diffusion_gemma.layers import DenseMLP, Layer, rms_norm
+from engine.families.diffusion_gemma.masks import additive, decoder_visibility, encoder_visibility
 from engine.model import default_compute_dtype, rotary_tables, vocab_logits
 
 # The simple form's store grows in steps of this many positions (then doubles).
@@ -314,36 +315,24 @@ class DiffusionGemmaModel(nn.Module):
     ) -> _Pass:
         """Rotary tables and masks per layer type for queries at POSITIONS (N, T)."""
         cfg, dtype = self.config, self.compute_dtype
-        (min_len, max_len), (n, t) = lens, positions.shape
+        min_len, max_len = lens
         rope: dict[str, tuple[Tensor, Tensor]] = {}
         cached: dict[str, int] = {}
         masks: dict[str, Tensor | None] = {}
         for kind, cap in self._capacities(kv).items():
             rope[kind] = rotary_tables(positions, getattr(self, f"inv_freq_{kind}"), dtype)
-            length = min(cap, max_len)
+            cached[kind] = length = min(cap, max_len)
             held = cached_positions(cache_lens, cap, length)
-            valid = torch.cat((held >= 0, torch.ones_like(positions, dtype=torch.bool)), dim=1)
-            if real is not None:
-                valid[:, length:] &= real
-            allowed = valid.unsqueeze(1).expand(n, t, -1)
             if encoder:
-                p = positions.unsqueeze(2)
-                q = torch.cat((held, positions), dim=1).unsqueeze(1)
-                if not cfg.bidirectional_encoder:
-                    allowed = allowed & (q <= p)
-                if kind == SLIDING:
-                    allowed = allowed & ((p - q).abs() <= cfg.sliding_context)
-                # Every token sees itself, so a padding row's softmax is never empty (NaN).
-                own = torch.arange(t, device=positions.device)
-                allowed = allowed | (
-                    own.view(-1, 1) + length == torch.arange(length + t, device=positions.device)
-                ).unsqueeze(0)
-            cached[kind] = length
-            if not encoder and min_len >= length:
+                window = cfg.sliding_context if kind == SLIDING else None
+                causal = not cfg.bidirectional_encoder
+                allowed = encoder_visibility(positions, held, real, causal=causal, window=window)
+            elif min_len >= length:
                 masks[kind] = None  # every row sees every key: no mask to add
                 continue
-            mask = torch.zeros(allowed.shape, dtype=dtype, device=positions.device)
-            masks[kind] = mask.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+            else:
+                allowed = decoder_visibility(held, positions.shape[1])
+            masks[kind] = additive(allowed, dtype)
         return _Pass(kv, slots, rope, cached, masks, positions)
 
     def _run(self, x: Tensor, layers: nn.ModuleList, scalars: Tensor, step: _Pass) -> Tensor:
@@ -412,4 +401,4 @@ def _grown(current: int, needed: int) -> int:
     return size
 
 
-__all__ = ["FULL", "SLIDING", "DiffusionGemmaModel", "EncoderCache", "EncoderKV"]
+__all__ = ["DiffusionGemmaModel", "EncoderCache", "EncoderKV"]
