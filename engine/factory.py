@@ -25,7 +25,7 @@ from engine.config import ModelConfig, read_checkpoint_json
 from engine.core import EngineCore
 from engine.errors import CheckpointError, EngineError
 from engine.families.registry import FAMILY_MODEL_TYPES, family_of
-from engine.loader import load_checkpoint_config, load_model, load_tokenizer, resolve_dtype
+from engine.loader import load_checkpoint_config, load_sdar_model, load_tokenizer, resolve_dtype
 from engine.memory import MemoryPlan, canonical_dtype, plan_memory, resident_dtype
 from engine.model import Model, default_compute_dtype
 from engine.packing import PackPolicy
@@ -124,7 +124,7 @@ def build_sdar(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
         load_dtype = resident if resident != plan_dtype else load_dtype
 
     start = time.perf_counter()
-    model = load_model(root, device=device, dtype=load_dtype)
+    model = load_sdar_model(root, device=device, dtype=load_dtype)
     tokenizer = load_tokenizer(root)
     log.info(
         "weights loaded",
