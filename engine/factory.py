@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -30,6 +30,10 @@ from engine.memory import MemoryPlan, canonical_dtype, plan_memory, resident_dty
 from engine.model import Model, default_compute_dtype
 from engine.packing import PackPolicy
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.families.diffusion_gemma.config import DiffusionGemmaConfig
+    from engine.families.diffusion_gemma.model import DiffusionGemmaModel
 
 log = logging.getLogger("engine.factory")
 
@@ -64,9 +68,9 @@ class EngineOptions:
 class BuiltEngine:
     """A checkpoint loaded and ready to decode: what every entry point drives."""
 
-    model: Model
+    model: Model | DiffusionGemmaModel
     tokenizer: Tokenizer
-    config: ModelConfig
+    config: ModelConfig | DiffusionGemmaConfig
     core: EngineCore
     plan: MemoryPlan
     device: str
@@ -101,10 +105,55 @@ def load_family(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
     family = family_of(raw, source=str(source)) if raw else "sdar"
     if family == "sdar":
         return build_sdar(root, options, device)
+    if family == "diffusion-gemma":
+        return build_diffusion_gemma(root, options, device)
     raise CheckpointError(
         f"{source}: the engine cannot serve the {family} family yet; serve a checkpoint of "
-        f"model_type {', '.join(FAMILY_MODEL_TYPES['sdar'])}"
+        f"model_type {', '.join(t for types in FAMILY_MODEL_TYPES.values() for t in types)}"
     )
+
+
+def build_diffusion_gemma(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
+    """DiffusionGemma checkpoints (`engine.families.diffusion_gemma`): memory plan and budget,
+    the text model's weights (a vision tower is not loaded), tokenizer and core. Weights are
+    kept as stored and stay in the plain layout (no packing for this family yet)."""
+    from engine.families.diffusion_gemma import memory as dg_memory
+    from engine.families.diffusion_gemma.weights import (
+        load_diffusion_gemma,
+        load_diffusion_gemma_config,
+    )
+
+    config = load_diffusion_gemma_config(root)
+    plan_dtype = canonical_dtype(resolve_dtype(options.dtype, config.torch_dtype))
+    plan = dg_memory.plan_memory(config, plan_dtype, options.max_batch_size, options.max_seq_len)
+    log.info("memory plan", extra={"device": device, "dtype": plan_dtype, **plan.to_dict()})
+    if device.startswith("cuda"):
+        reserve_gpu_memory(plan.total_bytes, device, options.memory_fraction)
+    if config.has_vision_tower:
+        log.info(
+            "vision tower not loaded: this engine serves DiffusionGemma's text model only "
+            "(a request with an image part is a 400)",
+            extra={"path": str(root)},
+        )
+    start = time.perf_counter()
+    model = load_diffusion_gemma(root, device=device, dtype=options.dtype)
+    tokenizer = load_tokenizer(root)
+    log.info(
+        "weights loaded",
+        extra={
+            "path": str(root),
+            "weights_bytes": model.weight_bytes(),
+            "seconds": round(time.perf_counter() - start, 3),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        },
+    )
+    core = EngineCore(
+        model,
+        tokenizer,
+        max_batch_size=options.max_batch_size,
+        max_seq_len=options.max_seq_len,
+    )
+    return BuiltEngine(model, tokenizer, config, core, plan, device, options)
 
 
 def build_sdar(root: Path, options: EngineOptions, device: str) -> BuiltEngine:

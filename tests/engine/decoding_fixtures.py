@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from engine.core import EngineCore, RequestStats
-from engine.loader import load_model, load_tokenizer
+from engine.loader import load_sdar_model, load_tokenizer
 from engine.model import Model
 from engine.params import SamplingParams
 from engine.tokenizer import Tokenizer
@@ -55,7 +55,7 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def peaked(tiny_checkpoint: Path) -> Parts:
     """The tiny checkpoint with its LM head scaled (see the module docstring)."""
-    model = load_model(tiny_checkpoint)
+    model = load_sdar_model(tiny_checkpoint)
     with torch.no_grad():
         model.lm_head.weight.mul_(LM_HEAD_SCALE)
     return Parts(model, load_tokenizer(tiny_checkpoint))

@@ -239,6 +239,11 @@ class DiffusionGemmaConfig:
             torch_dtype=dtype if isinstance(dtype, str) else None,
         )
 
+    @property
+    def block_size(self) -> int:
+        """The block the engine decodes at a time: the canvas."""
+        return self.canvas_length
+
     def is_sliding(self, layer: int) -> bool:
         """Whether LAYER is a sliding-window attention layer."""
         return self.layer_types[layer] == SLIDING

@@ -8,7 +8,9 @@ checkpoint before anything is loaded. What differs from SDAR:
   are their normalised keys). A checkpoint's vision tower is not loaded, so it is not counted.
 - K/V: only the encoder writes the cache (prompt and committed canvases); the decoder reads it
   and keeps its canvas's K/V for one forward. Sliding and full layers differ in head size and
-  K/V heads, so the per-token figure sums the layers one by one.
+  K/V heads, so the per-token figure sums the layers one by one. It counts sliding layers at
+  every position, an upper bound: the engine keeps only their window (a ring per slot), but a
+  per-token figure is what hosts multiply by their context, and over-asking is the safe side.
 - activations: a denoising step runs `canvas_length` positions per request, and each running
   request carries its previous step's logits for self-conditioning (fp32, canvas x vocab), on top
   of the step's own logits and probabilities.

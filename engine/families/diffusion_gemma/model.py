@@ -158,6 +158,11 @@ class DiffusionGemmaModel(nn.Module):
         return self._compute_dtype or default_compute_dtype(self.dtype, self.device)
 
     @property
+    def weights_layout(self) -> str:
+        """How the projection weights are held: plain (no oneDNN packing for this family)."""
+        return "plain"
+
+    @property
     def device(self) -> torch.device:
         """Device of the weights."""
         return self.embed.weight.device
@@ -288,7 +293,9 @@ class DiffusionGemmaModel(nn.Module):
                     f"self_conditioning_logits must be {(*canvas.shape, self.config.vocab_size)}"
                     f", got {tuple(sc_logits.shape)}"
                 )
-            probs = sc_logits.to(self.device).softmax(dim=-1, dtype=torch.float32)
+            # Cast to the embeddings' dtype before the softmax, as the reference's generate()
+            # hands them over (a no-op in fp32; bf16 rounds the logits first).
+            probs = sc_logits.to(self.device, self.dtype).softmax(dim=-1, dtype=torch.float32)
             # Soft tokens: the expected embedding under the previous step's distribution.
             scale = torch.tensor(self.config.hidden_size**0.5, dtype=self.dtype).to(x.dtype)
             soft = soft_embeddings(probs.to(self.dtype), self.embed.weight, x.dtype) * scale

@@ -1,11 +1,5 @@
-"""PENDING (not collected: the file name does not start with `test_`): our DiffusionGemma model,
-loaded by `engine.load_model` from a `save_pretrained` checkpoint of the tiny reference model,
-generates exactly the reference's tokens under our `generate()`.
-
-Enable it by moving `test_our_model_generates_the_reference_tokens` into
-`test_generate_parity.py` (or renaming this file `test_our_model_generate.py`) once
-`engine.families.diffusion_gemma.model` has landed.
-"""
+"""Our DiffusionGemma model, loaded by `engine.load_model` from a `save_pretrained` checkpoint
+of the tiny reference model, generates exactly the reference's tokens under our `generate()`."""
 
 from __future__ import annotations
 
