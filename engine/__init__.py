@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "RequestStats": "engine.core",
     "StepStats": "engine.core",
     "create_demo_checkpoint": "engine.demo_checkpoint",
+    "build_engine": "engine.factory",
+    "EngineOptions": "engine.factory",
     "ServeConfig": "protocol.engine_config",
     "load_serve_config": "protocol.engine_config",
 }
@@ -36,6 +38,7 @@ _LAZY: dict[str, str] = {
 if TYPE_CHECKING:
     from engine.core import EngineCore, RequestStats, RequestUpdate, StepStats
     from engine.demo_checkpoint import create_demo_checkpoint
+    from engine.factory import EngineOptions, build_engine
     from engine.kv_cache import KVCache
     from engine.llm import LLM, RequestOutput
     from engine.loader import load_checkpoint_config, load_model, load_tokenizer
@@ -57,6 +60,7 @@ __all__ = [
     "ContextLengthExceeded",
     "EngineCore",
     "EngineError",
+    "EngineOptions",
     "InvalidParams",
     "KVCache",
     "MemoryPlan",
@@ -69,6 +73,7 @@ __all__ = [
     "ServeConfig",
     "StepStats",
     "Tokenizer",
+    "build_engine",
     "create_demo_checkpoint",
     "load_checkpoint_config",
     "load_model",

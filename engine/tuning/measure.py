@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from engine.core import RequestStats
-from engine.errors import EngineError
+from engine.errors import CheckpointError, EngineError
 from engine.factory import BuiltEngine, EngineOptions, build_engine
 from engine.loader import load_tokenizer
 from engine.params import SamplingParams, padded_length
@@ -77,6 +77,7 @@ class InProcessRunner:
         THREADS sets torch's CPU threads as `resources.threads` does for a server, so the
         latencies are those of the configuration that will serve (None: torch's default).
         """
+        _require_masked_family(model_dir)
         tokenizer = load_tokenizer(model_dir)
         prompts, rendering = encode_prompts(tokenizer, messages)
         notes = []
@@ -197,3 +198,20 @@ class InProcessRunner:
 def _params(setting: DecodeSetting, *, max_tokens: int) -> SamplingParams:
     # Greedy: the sweep compares schedules, so sampling noise must not enter the comparison.
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **setting.request_fields())
+
+
+def _require_masked_family(model_dir: Path) -> None:
+    """Refuse, before loading anything, a checkpoint whose family has no masked-decoding knobs:
+    a sweep of thresholds, steps and block sizes means nothing for it."""
+    from engine.config import read_checkpoint_json
+    from engine.families.registry import family_of
+
+    source = model_dir / "config.json"
+    if not source.is_file():
+        return  # the loader says what is missing
+    family = family_of(read_checkpoint_json(source), source=str(source))
+    if family != "sdar":
+        raise CheckpointError(
+            f"{source}: dctl tune sweeps masked-diffusion settings (threshold, steps, block "
+            f"size); the {family} family decodes a uniform-noise canvas and has none of them"
+        )

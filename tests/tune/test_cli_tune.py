@@ -162,3 +162,13 @@ def test_bad_input_is_a_usage_error_naming_the_fix(
     assert result.exit_code == 2, result.stdout + result.stderr
     assert needle in result.stderr
     assert result.stderr.startswith("error: ")
+
+
+def test_a_diffusion_gemma_checkpoint_is_refused_before_loading(tmp_path: Path) -> None:
+    from engine.families.diffusion_gemma.demo import create_diffusion_gemma_demo
+
+    checkpoint = create_diffusion_gemma_demo(tmp_path / "dg")
+    result = dctl("tune", str(checkpoint), *GRID, "-o", str(tmp_path / "out"))
+    assert result.exit_code != 0
+    assert "the diffusion-gemma family" in result.stderr and "threshold" in result.stderr
+    assert not (tmp_path / "out").exists()
