@@ -347,17 +347,20 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def create_diffusion_gemma_demo(directory: str | Path, *, seed: int = 0) -> Path:
-    """Write the tiny random DiffusionGemma checkpoint into `directory` (created if missing) and
-    return its path. Raises ValueError for a negative seed or a directory holding files."""
+def create_diffusion_gemma_demo(
+    directory: str | Path, *, seed: int = 0, shape: DemoShape = TINY
+) -> Path:
+    """Write a random DiffusionGemma checkpoint of SHAPE (the tiny demo unless given; a larger
+    one for benchmarks) into `directory` (created if missing) and return its path. Raises
+    ValueError for a negative seed or a directory holding files."""
     if seed < 0:
         raise ValueError(f"seed must be >= 0 (got {seed})")
     out = prepare_demo_directory(directory)
     from safetensors.torch import save_file  # torch: only once the arguments are known good
 
-    ids = _write_tokenizer(out, TINY)
-    _write_json(out / "config.json", checkpoint_config(TINY, ids))
+    ids = _write_tokenizer(out, shape)
+    _write_json(out / "config.json", checkpoint_config(shape, ids))
     _write_json(out / "generation_config.json", generation_config(ids))
     # One metadata key: safetensors keeps metadata in a hash map, so more keys could reorder.
-    save_file(_weights(TINY, seed), str(out / "model.safetensors"), {"format": "pt"})
+    save_file(_weights(shape, seed), str(out / "model.safetensors"), {"format": "pt"})
     return out
