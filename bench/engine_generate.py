@@ -23,6 +23,10 @@ tokens, block 16, thresholds 0.9 and 0.8 at batch 1 (median over prompts run one
 batch 16 (aggregate), tokens per denoising forward printed, against transformers' greedy AR at
 batch 1 in its faster dtype on the same weights (same prompts, as many new tokens as ours made
 for that prompt, so both sides do the same work).
+
+`--family diffusion-gemma` runs the DiffusionGemma benchmark instead (ours vs transformers'
+`DiffusionGemmaForBlockDiffusion.generate()`): `bench/engine_generate_diffusion_gemma.py`, which
+takes the rest of the options (`--family diffusion-gemma --help` lists them).
 """
 
 from __future__ import annotations
@@ -270,8 +274,20 @@ def run_trained(args: argparse.Namespace) -> None:
         )
 
 
+FAMILIES = ("sdar", "diffusion-gemma")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The family picks the benchmark; each parses its own options.
+    family_option = argparse.ArgumentParser(add_help=False)
+    family_option.add_argument("--family", choices=FAMILIES, default="sdar")
+    chosen, rest = family_option.parse_known_args(argv)
+    if chosen.family == "diffusion-gemma":
+        from engine_generate_diffusion_gemma import main as diffusion_gemma_main
+
+        diffusion_gemma_main(rest)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[family_option])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, for the tests")
     parser.add_argument("--threads", type=int, default=None, help="default 2 (smoke: 1)")
     parser.add_argument("--dtypes", default="bf16,fp32")
