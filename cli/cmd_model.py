@@ -145,6 +145,7 @@ def memory_plan(directory: Path) -> tuple[MemoryPlan | None, str]:
         kv_bytes_per_token=plan.kv_bytes_per_token,
         activation_bytes=plan.activation_bytes,
         dtype=dtype,
+        family=sizing.family,
         max_context_tokens=sizing.max_context_tokens,
         num_parameters=sizing.num_parameters,
     )
@@ -188,6 +189,7 @@ def model_show(
         ("deprecated", "deprecated"),
         ("created", "created_at"),
         ("notes", "notes"),
+        ("family", lambda v: plan.get("family") or "not stored"),
         ("weights", lambda v: human_bytes(plan["weights_bytes"]) if plan else "not stored"),
         ("kv/token", lambda v: human_bytes(plan["kv_bytes_per_token"]) if plan else "not stored"),
     ]

@@ -178,6 +178,11 @@ class MemoryPlan(WireModel):
         ge=0, le=BYTES_MAX, description="KV cache bytes per token, all layers"
     )
     dtype: str = Field(default="bfloat16", max_length=32)
+    # Rollouts compare decoding figures (steps per block, tokens per forward) within a family
+    # only; None: registered before families were recorded, or by a dctl without the engine.
+    family: Name | None = Field(
+        default=None, description="the model family whose rules sized it: sdar, diffusion-gemma"
+    )
     max_context_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     activation_bytes: int = Field(
         default=0, ge=0, le=BYTES_MAX, description="working memory headroom"

@@ -169,6 +169,9 @@ def test_register_computes_the_manifest_and_memory_plan(
     assert (
         shown["memory_plan"]["kv_bytes_per_token"] == expected.kv_bytes_per_token == 2 * 2 * 8 * 2
     )
+    # The family whose rules sized it, for rollouts to compare decoding within a family only.
+    assert shown["memory_plan"]["family"] == "sdar"
+    assert "sdar" in ok(dctl("model", "show", "tiny:v1")).stdout
     listed = as_json(dctl("model", "list", "--json"))
     assert {(m["name"], v["version"]) for m in listed for v in m["versions"]} >= {("tiny", "v1")}
     table = ok(dctl("model", "list")).stdout
