@@ -7,6 +7,14 @@ requests in either pool makes the whole interval inconclusive (the step is exten
 promoted on no data). A metric without figures on either side is inconclusive on its own and
 does not hold the step back; any failing metric fails the interval.
 
+The diffusion figures measure a family's own decoding: an SDAR block is a few tokens unmasked
+in steps, a DiffusionGemma canvas is a whole canvas of noise denoised; a step of one is not a
+step of the other, nor is a forward. So when the two versions were sized by different model
+families at registration (`MemoryPlan.family`), steps per block and tokens per forward are
+shown with both figures but judged "inconclusive", noted as not comparable: a rollout from one
+family to another is judged on errors, latency and restarts, which mean the same for both. A
+version registered without a family (before it was recorded) is compared as before.
+
 The gateways' passive health can starve a canary: an instance that keeps failing is ejected, its
 requests go to stable, and at weight 20 it serves 2% of them. Its figures then say little (the
 few requests it got) while the operator believes a fifth of the traffic judged it. So the
@@ -56,6 +64,14 @@ class Interval:
     stable: VersionTraffic | None
     canary: VersionTraffic | None
     canary_restarts: int  # canary engine restarts since the step began
+    # The model family each version was sized by at registration; None: not recorded.
+    stable_family: str | None = None
+    canary_family: str | None = None
+
+    def families_differ(self) -> bool:
+        """Whether both versions' families are known and are not the same."""
+        s, c = self.stable_family, self.canary_family
+        return s is not None and c is not None and s != c
 
 
 def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
@@ -65,6 +81,7 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
     canary_n = canary.requests if canary else 0
     minimum = policy.min_requests or 1
     share = _served_share(stable_n, canary_n, interval.weight, minimum)
+    across = _not_comparable_note(interval) if interval.families_differ() else None
     metrics = [
         _error_rate(stable, canary, policy.max_error_rate_increase or 0.0, minimum),
         _latency(
@@ -84,12 +101,14 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
             stable.steps_per_block if stable else None,
             canary.steps_per_block if canary else None,
             policy.max_steps_per_block_ratio or 1.0,
+            across,
         ),
         _ratio_at_least(
             "tokens per forward",
             stable.tokens_per_forward if stable else None,
             canary.tokens_per_forward if canary else None,
             policy.min_tokens_per_forward_ratio or 0.0,
+            across,
         ),
         MetricVerdict(
             metric="canary restarts",
@@ -296,10 +315,30 @@ def binomial_tail(n: int, k: int, p: float) -> float:
     return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
+def _not_comparable_note(interval: Interval) -> str:
+    """The note of a diffusion figure the two versions' families make incomparable."""
+    return (
+        f"not comparable: {interval.stable_family} vs {interval.canary_family} "
+        "(each family decodes its own way)"
+    )
+
+
+def _not_comparable(
+    metric: str, stable: float | None, canary: float | None, limit: str, note: str
+) -> MetricVerdict:
+    """Both figures, for the operator, but no verdict on them."""
+    return MetricVerdict(
+        metric=metric, unit="number", stable=stable, canary=canary, limit=limit,
+        verdict="inconclusive", note=note,
+    )  # fmt: skip
+
+
 def _ratio_at_most(
-    metric: str, stable: float | None, canary: float | None, ratio: float
+    metric: str, stable: float | None, canary: float | None, ratio: float, across: str | None
 ) -> MetricVerdict:
     limit = f"<= {ratio:g}x stable"
+    if across is not None:
+        return _not_comparable(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
         return MetricVerdict(
             metric=metric,
@@ -317,9 +356,11 @@ def _ratio_at_most(
 
 
 def _ratio_at_least(
-    metric: str, stable: float | None, canary: float | None, ratio: float
+    metric: str, stable: float | None, canary: float | None, ratio: float, across: str | None
 ) -> MetricVerdict:
     limit = f">= {ratio:g}x stable"
+    if across is not None:
+        return _not_comparable(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
         return MetricVerdict(
             metric=metric,

@@ -284,6 +284,8 @@ class RolloutMachine:
                     stable=traffic.stable,
                     canary=traffic.canary,
                     canary_restarts=restarts,
+                    stable_family=seen.stable_family,
+                    canary_family=seen.canary_family,
                 ),
                 policy,
             )

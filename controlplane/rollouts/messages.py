@@ -91,6 +91,10 @@ class Observations:
     # and since the step's weight took effect.
     interval: Traffic | None = None
     step: Traffic | None = None
+    # The model family each version was sized by at registration, read with the analysis
+    # inputs (None: not recorded): figures of different families are not compared.
+    stable_family: str | None = None
+    canary_family: str | None = None
     current: InstanceSeen | None = None  # a restart's instance under way
 
 

@@ -285,11 +285,13 @@ def observe(
     """What a round of MACHINE on ROLLOUT sees now."""
     assert deployment.id is not None
     interval = step = None
+    families: dict[int, str | None] = {}
     windows = machine.analysis_windows(now)
     if windows is not None:
         since, step_since = windows
         interval = _traffic(session, now, rollout, deployment, since)
         step = _traffic(session, now, rollout, deployment, step_since)
+        families = _families(session, [deployment.stable_version_id, rollout.to_version_id])
     staging: tuple[HostStaging, ...] = ()
     if rollout.phase == RolloutPhase.STAGING:
         staging = tuple(staging_of(session, deployment, rollout.to_version_id))
@@ -301,7 +303,15 @@ def observe(
         interval=interval,
         step=step,
         current=_instance_seen(session, rollout.progress.current),
+        stable_family=families.get(deployment.stable_version_id),
+        canary_family=families.get(rollout.to_version_id),
     )
+
+
+def _families(session: Session, version_ids: list[int]) -> dict[int, str | None]:
+    """The model family each version was sized by at registration (None: not recorded)."""
+    views = load_versions(session, version_ids)
+    return {vid: v.memory_plan.family if v.memory_plan else None for vid, v in views.items()}
 
 
 def _traffic(

@@ -42,9 +42,13 @@ def pool(version: str, latency: list[int], errors: int = 0, **extra: Any) -> Ver
 
 
 def judge(
-    stable: VersionTraffic, canary: VersionTraffic, restarts: int = 0, weight: int = 10
+    stable: VersionTraffic,
+    canary: VersionTraffic,
+    restarts: int = 0,
+    weight: int = 10,
+    families: tuple[str | None, str | None] = (None, None),
 ) -> Any:
-    interval = Interval(NOW, NOW, 1, weight, stable, canary, restarts)
+    interval = Interval(NOW, NOW, 1, weight, stable, canary, restarts, *families)
     result = analyse(interval, DEFAULT_POLICY)
     return result, {m.metric: m for m in result.metrics}
 
@@ -98,6 +102,41 @@ def test_diffusion_figures_compare_decoding_speed() -> None:
     missing = pool("m:v2", buckets(s0_04=40))
     result, by = judge(stable, missing)
     assert by["steps per block"].verdict == "inconclusive" and result.verdict == "pass"
+
+
+def test_diffusion_figures_of_two_families_are_shown_but_not_judged() -> None:
+    # SDAR: 2 steps per 4-token block; DiffusionGemma: 8 steps per 16-token canvas. A step of
+    # one is not a step of the other: neither figure says the canary decodes worse.
+    sdar = pool("m:v1", buckets(s0_04=100), steps_per_block=2.0, tokens_per_forward=1.33)
+    gemma = pool("m:v2", buckets(s0_04=40), steps_per_block=8.0, tokens_per_forward=0.44)
+    result, by = judge(sdar, gemma, families=("sdar", "diffusion-gemma"))
+    assert result.verdict == "pass", failing_reason(result)
+    for metric, (stable, canary) in {
+        "steps per block": (2.0, 8.0), "tokens per forward": (1.33, 0.44),
+    }.items():  # fmt: skip
+        row = by[metric]
+        assert (row.stable, row.canary, row.verdict) == (stable, canary, "inconclusive")
+        assert row.note == (
+            "not comparable: sdar vs diffusion-gemma (each family decodes its own way)"
+        )
+    # What means the same for both families is still judged: errors fail the interval.
+    result, by = judge(
+        sdar, pool("m:v2", buckets(s0_04=40), errors=20), families=("sdar", "diffusion-gemma")
+    )
+    assert by["error rate"].verdict == "fail" and result.verdict == "fail"
+
+
+@pytest.mark.parametrize(
+    "families", [("sdar", "sdar"), ("sdar", None), (None, "diffusion-gemma"), (None, None)]
+)
+def test_diffusion_figures_are_judged_unless_both_families_are_known_to_differ(
+    families: tuple[str | None, str | None],
+) -> None:
+    stable = pool("m:v1", buckets(s0_04=100), steps_per_block=2.0, tokens_per_forward=2.0)
+    slower = pool("m:v2", buckets(s0_04=40), steps_per_block=4.0, tokens_per_forward=1.0)
+    result, by = judge(stable, slower, families=families)
+    assert by["steps per block"].verdict == "fail" and by["tokens per forward"].verdict == "fail"
+    assert result.verdict == "fail"
 
 
 def test_few_canary_requests_fail_only_when_their_errors_already_break_the_limit() -> None:

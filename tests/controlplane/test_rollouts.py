@@ -19,12 +19,14 @@ from controlplane.rollouts.notify import Notifier
 from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
 from protocol.rollout_states import RolloutPhase, RolloutState
 from protocol.rollouts import RolloutOut
-from tests.controlplane.conftest import Api
+from tests.controlplane.conftest import Api, deploy, register_version
 from tests.controlplane.fleet import (
     ADDRESS,
     V1_DIGEST,
     V2_DIGEST,
+    V2_MANIFEST,
     beat,
+    gpu_host,
     report,
     serving_fleet,
     version_id_of,
@@ -215,33 +217,66 @@ def test_errors_on_the_canary_abort_it_after_the_failure_limit(
     assert rates["error rate"] == (0.0, 0.5)
 
 
-def test_slower_decoding_aborts_even_without_errors(api: Api, fleet: tuple[str, str]) -> None:
-    agent, gateway = fleet
+def diffusion(instance_id: int, steps_per_block: float) -> dict[str, Any]:
+    """An engine's diffusion histograms over 10 blocks of 16 tokens, as a heartbeat has them."""
+    return {"instance_id": instance_id, "histograms": {
+        "dllm_denoising_steps_per_block": {"sum": steps_per_block * 10, "count": 10},
+        "dllm_tokens_per_forward": {"sum": 10 * 16 / steps_per_block, "count": 10},
+    }}  # fmt: skip
+
+
+def serve_decoding_interval(
+    api: Api, agent: str, gateway: str, stable: float, canary: float
+) -> None:
+    """A rollout's first step started, then an interval of traffic whose stable engines report
+    STABLE steps per block and whose canary reports CANARY."""
     assert start(api, canary=25, policy={"interval_s": INTERVAL, "min_requests": 10,
                                          "failure_limit": 1}).status_code == 201  # fmt: skip
     tick(api)
     desired = report(api, agent)
     tick(api)
     by_version = {i["model"]["version"]: i["instance_id"] for i in desired}
-
-    def diffusion(instance_id: int, steps_per_block: float) -> dict[str, Any]:
-        return {"instance_id": instance_id, "histograms": {
-            "dllm_denoising_steps_per_block": {"sum": steps_per_block * 10, "count": 10},
-            "dllm_tokens_per_forward": {"sum": 10 * 16 / steps_per_block, "count": 10},
-        }}  # fmt: skip
-
     for _ in range(6):
         api.clock.advance(INTERVAL / 6)
         beat(api, agent, advertise_address=ADDRESS, metrics=[
-            diffusion(by_version["v1"], 4.0), diffusion(by_version["v2"], 8.0)
+            diffusion(by_version["v1"], stable), diffusion(by_version["v2"], canary)
         ])  # fmt: skip
         traffic(api, gateway, stable=(30, 0), canary=(10, 0))
         tick(api)
+
+
+def test_slower_decoding_aborts_even_without_errors(api: Api, fleet: tuple[str, str]) -> None:
+    agent, gateway = fleet
+    serve_decoding_interval(api, agent, gateway, stable=4.0, canary=8.0)
     out = status(api)
     assert out.state == RolloutState.ABORTED, out
     assert "steps per block" in out.reason and "tokens per forward" in out.reason
     verdicts = {m.metric: m.verdict for m in out.analyses[-1].metrics}
     assert verdicts["error rate"] == "pass" and verdicts["steps per block"] == "fail"
+
+
+def test_decoding_figures_of_another_model_family_are_not_held_against_it(api: Api) -> None:
+    # demo:v1 sized as SDAR at registration, demo:v2 as DiffusionGemma: a canvas takes more
+    # steps than an SDAR block, and that says nothing about the canary.
+    plan = {"weights_bytes": 2**30, "kv_bytes_per_token": 1024}
+    register_version(api, memory_plan={**plan, "family": "sdar"})
+    register_version(
+        api, version="v2", manifest=V2_MANIFEST, memory_plan={**plan, "family": "diffusion-gemma"}
+    )
+    agent = gpu_host(api, advertise_address=ADDRESS)
+    assert deploy(api, "web", ["gpu-1"], per_host=4).status_code == 201
+    report(api, agent)
+    controller(api).leaderless_gap = timedelta(seconds=INTERVAL)
+    serve_decoding_interval(api, agent, api.token("gateway"), stable=2.0, canary=8.0)
+    out = status(api)
+    assert out.state == RolloutState.PROGRESSING and out.step == 2, out.reason
+    [analysis] = out.analyses
+    by_metric = {m.metric: m for m in analysis.metrics}
+    assert analysis.verdict == "pass"
+    steps = by_metric["steps per block"]
+    assert (steps.stable, steps.canary, steps.verdict) == (2.0, 8.0, "inconclusive")
+    assert steps.note.startswith("not comparable: sdar vs diffusion-gemma")
+    assert by_metric["tokens per forward"].verdict == "inconclusive"
 
 
 def test_no_traffic_extends_the_step_instead_of_promoting(api: Api, fleet: tuple[str, str]) -> None:
