@@ -3,6 +3,11 @@
 One forward serves every use: the parity form `model(ids, block_size=B)`, a prompt prefill that
 writes the cache and wants logits of one row, and a denoising step that runs a block against the
 cache and wants logits of its still-masked rows only (`logits_rows`).
+
+A model may be one rank's share of a tensor-parallel model (`engine.parallel`): its config then
+holds the rank's heads and intermediate sizes, and its `ModelShard` the vocabulary rows and
+experts it holds and the exchanges that complete each partial result. The default shard is the
+whole model in one process, where every exchange is the identity.
 """
 
 from __future__ import annotations
@@ -17,6 +22,42 @@ from engine import packing
 from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.packing import PackScope
+
+
+class ModelShard:
+    """What one process holds of a model and how its forward completes partial results with the
+    processes holding the rest (`engine.parallel.collectives` is the distributed one).
+
+    This base is the whole model in one process: every vocabulary row and expert is here and
+    every exchange returns its input, so the single-process forward communicates nothing."""
+
+    def vocab_rows(self, vocab_size: int) -> tuple[int, int]:
+        """The [start, stop) rows of the embedding and LM head held here."""
+        return 0, vocab_size
+
+    def experts(self, num_experts: int) -> tuple[int, int]:
+        """(first, count): the routed experts whose weights are held here."""
+        return 0, num_experts
+
+    def reduce(self, partial: Tensor) -> Tensor:
+        """The sum of PARTIAL over the shards (it may be summed in place)."""
+        return partial
+
+    def embed(self, table: nn.Embedding, ids: Tensor) -> Tensor:
+        """Embeddings of IDS from a table holding `vocab_rows` of the vocabulary."""
+        return table(ids)
+
+    def gather_vocab(self, logits: Tensor) -> Tensor:
+        """Logits (rows, vocab) from this shard's columns (rows, its vocab rows); the whole
+        vocabulary comes back on the shard that drives the model, its own columns elsewhere."""
+        return logits
+
+    def softmax_vocab(self, logits: Tensor) -> Tensor:
+        """Softmax over the whole vocabulary, in fp32, of this shard's columns of LOGITS."""
+        return logits.softmax(dim=-1, dtype=torch.float32)
+
+
+WHOLE_MODEL = ModelShard()
 
 
 class RMSNorm(nn.Module):
@@ -164,17 +205,29 @@ class DenseMLP(nn.Module):
 
 
 class MoE(nn.Module):
-    """Softmax top-k router over stacked experts, computed grouped by expert."""
+    """Softmax top-k router over stacked experts, computed grouped by expert.
 
-    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype, device: torch.device) -> None:
+    The router scores every expert; only the shard's experts (`ModelShard.experts`) are held
+    and computed, so a shard's output is its experts' part of the mix."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ModelShard = WHOLE_MODEL,
+    ) -> None:
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         self.num_experts = e
+        self.first_expert, self.local_experts = shard.experts(e)
         self.top_k = cfg.num_experts_per_tok
         self.norm_topk_prob = cfg.norm_topk_prob
+        local = self.local_experts
         self.router = nn.Parameter(torch.empty(e, h, dtype=dtype, device=device))
-        self.w_gate_up = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype, device=device))
-        self.w_down = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+        self.w_gate_up = nn.Parameter(torch.empty(local, 2 * i, h, dtype=dtype, device=device))
+        self.w_down = nn.Parameter(torch.empty(local, h, i, dtype=dtype, device=device))
         # Per expert (gate_up, down) in oneDNN's layout once `pack` ran (see engine.packing).
         self.packed_experts: list[tuple[Tensor, Tensor]] | None = None
 
@@ -184,7 +237,7 @@ class MoE(nn.Module):
         self.router = nn.Parameter(packing.pack(self.router), requires_grad=False)
         self.packed_experts = [
             (packing.pack(self.w_gate_up[e]), packing.pack(self.w_down[e]))
-            for e in range(self.num_experts)
+            for e in range(self.local_experts)
         ]
         dtype, device = self.w_down.dtype, self.w_down.device
         self.w_gate_up = nn.Parameter(torch.empty(0, dtype=dtype, device=device), False)
@@ -201,15 +254,20 @@ class MoE(nn.Module):
         flat = experts.view(-1)
         counts = torch.bincount(flat, minlength=self.num_experts)
         order = flat.argsort(stable=True)
-        # Token order grouped by expert: one matmul per active expert, not per token.
-        grouped = x[order // self.top_k]
+        # Token order grouped by expert: one matmul per active expert, not per token. A shard
+        # takes the span of that order routed to its own experts (all of it when it holds all).
+        sizes = counts.tolist()
+        first, last = self.first_expert, self.first_expert + self.local_experts
+        skip = sum(sizes[:first])
+        rows = order[skip : skip + sum(sizes[first:last])]
+        grouped = x[rows // self.top_k]
         out = torch.empty_like(grouped)
         # The loop runs once per active expert (dozens per layer in real checkpoints), so it
         # keeps per-expert work to the matmuls: the down projection writes its rows in place.
         w_gate_up, w_down, dtype = self.w_gate_up, self.w_down, x.dtype
         packed = self.packed_experts
         start = 0
-        for e, c in enumerate(counts.tolist()):
+        for e, c in enumerate(sizes[first:last]):
             if c == 0:
                 continue
             end = start + c
@@ -221,26 +279,38 @@ class MoE(nn.Module):
                 hidden = F.silu(gate).mul_(up)
                 torch.mm(hidden, w_down[e].to(dtype).t(), out=out[start:end])
             start = end
-        # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add.
-        per_choice = torch.empty_like(out)
-        per_choice[order] = out
+        # Back to (token, k) order; a sum over k is deterministic, unlike a scatter-add. Choices
+        # of experts held elsewhere add nothing here.
+        if self.local_experts == self.num_experts:
+            per_choice = torch.empty_like(out)
+        else:
+            per_choice = out.new_zeros(s * self.top_k, x.shape[-1])
+        per_choice[rows] = out
         per_choice = per_choice.view(s, self.top_k, x.shape[-1]) * weights.to(x.dtype).unsqueeze(-1)
         return per_choice.sum(dim=1), counts
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP (dense or MoE) with residuals."""
+    """Pre-norm attention and MLP (dense or MoE) with residuals; the shard's partial attention
+    and MLP outputs are summed over the shards before each residual."""
 
     def __init__(
-        self, cfg: ModelConfig, index: int, *, dtype: torch.dtype, device: torch.device
+        self,
+        cfg: ModelConfig,
+        index: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ModelShard = WHOLE_MODEL,
     ) -> None:
         super().__init__()
         self.index = index
+        self.shard = shard
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.attn = Attention(cfg, dtype=dtype, device=device)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
         self.mlp: MoE | DenseMLP = (
-            MoE(cfg, dtype=dtype, device=device)
+            MoE(cfg, dtype=dtype, device=device, shard=shard)
             if cfg.is_moe_layer(index)
             else DenseMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, device=device)
         )
@@ -248,7 +318,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, ctx: _Step, rows: Tensor | None = None) -> Tensor:
         """x (N, T, hidden) -> (N, T, hidden); with `rows` (flat indices), only those rows
         go through the MLP and (len(rows), hidden) comes back."""
-        x = x + self.attn(self.attn_norm(x), ctx, self.index)
+        x = x + self.shard.reduce(self.attn(self.attn_norm(x), ctx, self.index))
         x = x.view(-1, x.shape[-1]) if rows is None else x.view(-1, x.shape[-1])[rows]
         h = self.mlp_norm(x)
         if isinstance(self.mlp, MoE):
@@ -257,7 +327,7 @@ class DecoderLayer(nn.Module):
                 ctx.expert_counts[self.index] += counts
         else:
             out = self.mlp(h)
-        return x + out
+        return x + self.shard.reduce(out)
 
 
 @dataclass
@@ -294,7 +364,9 @@ def attention_mask(
 
 
 class Model(nn.Module):
-    """Decoder-only LM: embeddings, decoder layers, final norm, LM head (tied or not)."""
+    """Decoder-only LM: embeddings, decoder layers, final norm, LM head (tied or not).
+
+    SHARD: the part of the model this process holds (`ModelShard`; the whole by default)."""
 
     family = "sdar"  # its runner: engine.families.sdar
 
@@ -305,18 +377,22 @@ class Model(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         compute_dtype: torch.dtype | None = None,
+        shard: ModelShard = WHOLE_MODEL,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         self.config = config
+        self.shard = shard
         self._compute_dtype = compute_dtype
-        self.embed = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=dev)
+        start, stop = shard.vocab_rows(config.vocab_size)
+        self.embed = nn.Embedding(stop - start, config.hidden_size, dtype=dtype, device=dev)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype=dtype, device=dev) for i in range(config.num_layers)
+            DecoderLayer(config, i, dtype=dtype, device=dev, shard=shard)
+            for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype, device=dev)
         self.lm_head = nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=dev
+            config.hidden_size, stop - start, bias=False, dtype=dtype, device=dev
         )
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -437,7 +513,8 @@ class Model(nn.Module):
         write_cache: bool = False,
         logits_rows: Tensor | None = None,
     ) -> Tensor:
-        """Logits (N, T, vocab) in fp32, or (len(logits_rows), vocab) for the flat rows asked for.
+        """Logits (N, T, vocab) in fp32, or (len(logits_rows), vocab) for the flat rows asked for
+        (a shard that does not drive the model gets its own vocabulary columns).
 
         A query at absolute position p attends to its row's cached keys below cache_lens[i] and to
         this call's keys at positions q with q // B <= p // B (B = 1: causal).
@@ -496,12 +573,12 @@ class Model(nn.Module):
         counts = self.expert_counts_total if self._track_experts else None
         ctx = _Step(cos, sin, mask, positions, cache, slots, cached_len, write_cache, counts)
 
-        x = self.embed(input_ids).to(dtype)
+        x = self.shard.embed(self.embed, input_ids).to(dtype)
         *body, last = self.layers
         for layer in body:
             x = layer(x, ctx).view(n, t, -1)
         # Every layer's keys and values cover all rows, but past the last attention only the
         # rows the caller samples from matter: MLP, norm and LM head run for those alone.
         x = last(x, ctx, logits_rows)
-        logits = vocab_logits(self.norm(x), self.lm_head.weight).float()
+        logits = self.shard.gather_vocab(vocab_logits(self.norm(x), self.lm_head.weight).float())
         return logits if logits_rows is not None else logits.view(n, t, -1)

@@ -8,6 +8,10 @@ layer's output is scaled by a per-layer scalar that the encoder and the decoder 
 Attention has no 1/sqrt(d) scaling (q and k are RMS-normed instead); values are RMS-normed
 without a weight; full-attention layers have no v projection: their values are the raw k
 projection, normed.
+
+A layer may be one rank's share (`engine.model.ModelShard`): its config holds the rank's heads
+and intermediate sizes, its experts are the shard's, and the partial outputs of the attention,
+the MLP and the experts are summed over the shards before their norms.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from engine.families.diffusion_gemma.config import DiffusionGemmaConfig
-from engine.model import project, rotate
+from engine.model import WHOLE_MODEL, ModelShard, project, rotate
 
 
 def rms_norm(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
@@ -111,19 +115,28 @@ class DenseMLP(nn.Module):
 
 class Experts(nn.Module):
     """Routed experts: a softmax top-k router over the (unnormed) residual, weights renormalised
-    and scaled per expert; each expert a gated GELU MLP, computed grouped by expert."""
+    and scaled per expert; each expert a gated GELU MLP, computed grouped by expert. Only the
+    shard's experts are held and computed: the output is their part of the mix."""
 
-    def __init__(self, cfg: DiffusionGemmaConfig, *, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        cfg: DiffusionGemmaConfig,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ModelShard = WHOLE_MODEL,
+    ):
         super().__init__()
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         kw = {"dtype": dtype, "device": device}
         self.num_experts, self.top_k = e, cfg.top_k_experts
+        self.first_expert, self.local_experts = shard.experts(e)
         self.eps, self.act = cfg.rms_norm_eps, cfg.hidden_activation
         self.router = nn.Parameter(torch.empty(e, h, **kw))
         self.router_scale = _vector(h, **kw)
         self.expert_scale = _vector(e, **kw)
-        self.gate_up = nn.Parameter(torch.empty(e, 2 * i, h, **kw))
-        self.down = nn.Parameter(torch.empty(e, h, i, **kw))
+        self.gate_up = nn.Parameter(torch.empty(self.local_experts, 2 * i, h, **kw))
+        self.down = nn.Parameter(torch.empty(self.local_experts, h, i, **kw))
 
     def forward(self, route_from: Tensor, x: Tensor) -> Tensor:
         """Mixes the experts' outputs for x (S, hidden), routed by ROUTE_FROM (S, hidden)."""
@@ -135,11 +148,15 @@ class Experts(nn.Module):
         flat = experts.view(-1)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         order = flat.argsort(stable=True)
-        # Rows grouped by expert: one pair of matmuls per active expert, not per token.
-        grouped = x[order // self.top_k]
+        # Rows grouped by expert: one pair of matmuls per active expert, not per token. A shard
+        # takes the span of that order routed to its own experts (all of it when it holds all).
+        first, last = self.first_expert, self.first_expert + self.local_experts
+        skip = sum(counts[:first])
+        rows = order[skip : skip + sum(counts[first:last])]
+        grouped = x[rows // self.top_k]
         out = torch.empty_like(grouped)
         start = 0
-        for e, count in enumerate(counts):
+        for e, count in enumerate(counts[first:last]):
             if count == 0:
                 continue
             end = start + count
@@ -147,8 +164,12 @@ class Experts(nn.Module):
             out[start:end] = project(activation(self.act, gate) * up, self.down[e])
             start = end
         # Back to (token, k) order and summed over k: deterministic, unlike a scatter-add.
-        per_choice = torch.empty_like(out)
-        per_choice[order] = out
+        # Choices of experts held elsewhere add nothing here.
+        if self.local_experts == self.num_experts:
+            per_choice = torch.empty_like(out)
+        else:
+            per_choice = out.new_zeros(x.shape[0] * self.top_k, x.shape[-1])
+        per_choice[rows] = out
         per_choice = per_choice.view(x.shape[0], self.top_k, -1) * weights.to(x.dtype)[..., None]
         return per_choice.sum(dim=1)
 
@@ -159,14 +180,20 @@ class Layer(nn.Module):
     and values the queries see."""
 
     def __init__(
-        self, cfg: DiffusionGemmaConfig, index: int, *, dtype: torch.dtype, device: torch.device
+        self,
+        cfg: DiffusionGemmaConfig,
+        index: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        shard: ModelShard = WHOLE_MODEL,
     ) -> None:
         super().__init__()
         h, kw = cfg.hidden_size, {"dtype": dtype, "device": device}
-        self.index, self.eps = index, cfg.rms_norm_eps
+        self.index, self.eps, self.shard = index, cfg.rms_norm_eps, shard
         self.attn = Attention(cfg, index, **kw)
         self.mlp = DenseMLP(h, cfg.intermediate_size, cfg.hidden_activation, **kw)
-        self.experts = Experts(cfg, **kw)
+        self.experts = Experts(cfg, shard=shard, **kw)
         self.input_norm = _vector(h, **kw)
         self.post_attn_norm = _vector(h, **kw)
         self.pre_mlp_norm = _vector(h, **kw)
@@ -178,9 +205,9 @@ class Layer(nn.Module):
     def feed_forward(self, x: Tensor, scalar: Tensor) -> Tensor:
         """The MLP and experts half, residual included, times the layer scalar."""
         shape, flat = x.shape, x.reshape(-1, x.shape[-1])
-        dense = self.mlp(rms_norm(flat, self.pre_mlp_norm, self.eps))
+        dense = self.shard.reduce(self.mlp(rms_norm(flat, self.pre_mlp_norm, self.eps)))
         dense = rms_norm(dense, self.post_mlp_norm, self.eps)
         routed = self.experts(flat, rms_norm(flat, self.pre_experts_norm, self.eps))
-        routed = rms_norm(routed, self.post_experts_norm, self.eps)
+        routed = rms_norm(self.shard.reduce(routed), self.post_experts_norm, self.eps)
         out = flat + rms_norm(dense + routed, self.post_ffn_norm, self.eps)
         return (out * scalar.to(out.dtype)).view(shape)

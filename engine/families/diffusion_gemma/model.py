@@ -13,6 +13,10 @@ Two forms of one computation:
   `denoise_batch(kv, canvas, slots, cache_lens, ...)`, each row at its own length;
 - simple form: `encode(ids, cache)` -> `EncoderCache`, `denoise(cache, canvas, ...)`, a thin
   wrapper that gives every batch row its own slot.
+
+A model may be one rank's share of a tensor-parallel model (`engine.parallel`): its config holds
+the rank's heads, K/V heads and intermediate sizes, its `ModelShard` the vocabulary rows and
+experts held and the exchanges that complete each partial result (none in one process).
 """
 
 from __future__ import annotations
@@ -26,7 +30,13 @@ from engine.families.diffusion_gemma.config import SLIDING, DiffusionGemmaConfig
 from engine.families.diffusion_gemma.kv import EncoderKV, cached_positions
 from engine.families.diffusion_gemma.layers import DenseMLP, Layer, rms_norm
 from engine.families.diffusion_gemma.masks import additive, decoder_visibility, encoder_visibility
-from engine.model import default_compute_dtype, rotary_tables, vocab_logits
+from engine.model import (
+    WHOLE_MODEL,
+    ModelShard,
+    default_compute_dtype,
+    rotary_tables,
+    vocab_logits,
+)
 
 # The simple form's store grows in steps of this many positions (then doubles).
 _CACHE_STEP = 256
@@ -85,7 +95,9 @@ def soft_embeddings(probs: Tensor, weight: Tensor, dtype: torch.dtype) -> Tensor
 
 
 class DiffusionGemmaModel(nn.Module):
-    """Embeddings, the shared layer stack, the self-conditioning MLP, final norm and tied head."""
+    """Embeddings, the shared layer stack, the self-conditioning MLP, final norm and tied head.
+
+    SHARD: the part of the model this process holds (`ModelShard`; the whole by default)."""
 
     family = "diffusion-gemma"  # its runner: engine.families.diffusion_gemma.runner
 
@@ -96,16 +108,19 @@ class DiffusionGemmaModel(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         compute_dtype: torch.dtype | None = None,
+        shard: ModelShard = WHOLE_MODEL,
     ) -> None:
         super().__init__()
         dev = torch.device(device)
         kw = {"dtype": dtype, "device": dev}
         self.config = config
+        self.shard = shard
         self._compute_dtype = compute_dtype
-        h, v, n = config.hidden_size, config.vocab_size, config.num_layers
+        start, stop = shard.vocab_rows(config.vocab_size)
+        h, v, n = config.hidden_size, stop - start, config.num_layers
 
         def stack() -> nn.ModuleList:
-            return nn.ModuleList(Layer(config, i, **kw) for i in range(n))
+            return nn.ModuleList(Layer(config, i, shard=shard, **kw) for i in range(n))
 
         self.embed = nn.Embedding(v, h, **kw)
         self.layers = stack()
@@ -261,7 +276,8 @@ class DiffusionGemmaModel(nn.Module):
         """The decoder's soft-capped logits (N, C, V) fp32 for CANVAS (N, C), row i placed right
         after the cache_lens[i] tokens of slots[i]. SELF_CONDITIONING_LOGITS (N, C, V): the
         previous step's logits; SELF_CONDITIONING_MASK (N,) bool: rows without them (their
-        first step) are False, as if no logits were given for them."""
+        first step) are False, as if no logits were given for them. A shard of a parallel
+        model takes (and a non-driving one returns) its own vocabulary columns of V."""
         n, c = canvas.shape
         lens = self._check_call(kv, n, slots, cache_lens, 0, None)
         positions = cache_lens.view(-1, 1) + torch.arange(c, device=canvas.device)
@@ -273,14 +289,14 @@ class DiffusionGemmaModel(nn.Module):
             rms_norm(x, self.norm, self.config.rms_norm_eps).view(n * c, -1), head
         )
         cap = self.config.final_logit_softcapping
-        return (torch.tanh(logits.float() / cap) * cap).view(n, c, -1)
+        return self.shard.gather_vocab(torch.tanh(logits.float() / cap) * cap).view(n, c, -1)
 
     # -- internals --------------------------------------------------------------------------
 
     def _embed(self, embed: nn.Embedding, ids: Tensor) -> Tensor:
         # The scale is rounded to the weights' dtype first, as the reference does.
         scale = torch.tensor(self.config.hidden_size**0.5, dtype=embed.weight.dtype)
-        return (embed(ids) * scale.to(self.device)).to(self.compute_dtype)
+        return (self.shard.embed(embed, ids) * scale.to(self.device)).to(self.compute_dtype)
 
     def _canvas_input(
         self, canvas: Tensor, sc_logits: Tensor | None, sc_mask: Tensor | None
@@ -288,21 +304,23 @@ class DiffusionGemmaModel(nn.Module):
         """Canvas embeddings plus the self-conditioning signal, normed (no weight)."""
         eps, x = self.config.rms_norm_eps, self._embed(self.embed, canvas)
         if sc_logits is not None:
-            if sc_logits.shape != (*canvas.shape, self.config.vocab_size):
+            vocab = self.embed.num_embeddings  # the vocabulary rows this shard holds
+            if sc_logits.shape != (*canvas.shape, vocab):
                 raise ValueError(
-                    f"self_conditioning_logits must be {(*canvas.shape, self.config.vocab_size)}"
+                    f"self_conditioning_logits must be {(*canvas.shape, vocab)}"
                     f", got {tuple(sc_logits.shape)}"
                 )
             # Cast to the embeddings' dtype before the softmax, as the reference's generate()
             # hands them over (a no-op in fp32; bf16 rounds the logits first).
-            probs = sc_logits.to(self.device, self.dtype).softmax(dim=-1, dtype=torch.float32)
+            probs = self.shard.softmax_vocab(sc_logits.to(self.device, self.dtype))
             # Soft tokens: the expected embedding under the previous step's distribution.
             scale = torch.tensor(self.config.hidden_size**0.5, dtype=self.dtype).to(x.dtype)
-            soft = soft_embeddings(probs.to(self.dtype), self.embed.weight, x.dtype) * scale
+            soft = soft_embeddings(probs.to(self.dtype), self.embed.weight, x.dtype)
+            soft = self.shard.reduce(soft) * scale
             if sc_mask is not None:
                 soft = torch.where(sc_mask.to(self.device).view(-1, 1, 1), soft, 0.0)
             # A zero signal adds exactly nothing (no biases, gelu(0) = 0): skipped when absent.
-            x = x + self.self_cond(rms_norm(soft, self.self_cond_norm, eps))
+            x = x + self.shard.reduce(self.self_cond(rms_norm(soft, self.self_cond_norm, eps)))
         return rms_norm(x, None, eps)
 
     def _capacities(self, kv: EncoderKV) -> dict[str, int]:
@@ -360,9 +378,8 @@ class DiffusionGemmaModel(nn.Module):
                 if i == last:
                     break  # nothing reads the encoder's output, only its keys and values
             q = layer.attn.queries(h, cos, sin)
-            x = x + rms_norm(
-                layer.attn.attend(q, keys, values, step.masks[kind]), layer.post_attn_norm, eps
-            )
+            attended = self.shard.reduce(layer.attn.attend(q, keys, values, step.masks[kind]))
+            x = x + rms_norm(attended, layer.post_attn_norm, eps)
             x = layer.feed_forward(x, scalars[i])
         return x
 
