@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from engine.families.diffusion_gemma.model import DiffusionGemmaModel
 
 __all__ = [
+    "CheckedCheckpoint",
+    "check_sdar_checkpoint",
     "copy_tensors",
     "load_checkpoint_config",
     "load_model",
@@ -367,6 +369,32 @@ def load_model(
     )
 
 
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    """An SDAR-family checkpoint whose tensor headers were checked against its config: which
+    checkpoint tensor fills which parameter of the whole model, and the weights' dtype."""
+
+    root: Path
+    config: ModelConfig
+    headers: dict[str, _Header]
+    chosen: dict[str, _Target]
+    dtype: torch.dtype  # what the weights are loaded as (the one asked for, else as stored)
+
+
+def check_sdar_checkpoint(
+    path: str | Path, dtype: str | torch.dtype | None = None
+) -> CheckedCheckpoint:
+    """Reads config and every tensor header of an SDAR-family checkpoint and checks them (one
+    CheckpointError listing every problem); reads no weights. DTYPE as `load_sdar_model`."""
+    root = _checkpoint_dir(path)
+    cfg = load_checkpoint_config(root)
+    headers = _checkpoint_headers(root)
+    chosen = _select(cfg, headers, root)
+    stored = headers["model.embed_tokens.weight"].dtype
+    target_dtype = resolve_dtype(dtype, _SAFETENSORS_DTYPES.get(stored, cfg.torch_dtype))
+    return CheckedCheckpoint(root, cfg, headers, chosen, target_dtype)
+
+
 def load_sdar_model(
     path: str | Path,
     *,
@@ -383,14 +411,10 @@ def load_sdar_model(
     packed_weights: whether to move the projection weights into oneDNN's CPU layout after
     loading (engine.packing; inference only). "off" by default here: serving asks for "auto".
     """
-    root = _checkpoint_dir(path)
-    cfg = load_checkpoint_config(root)
-    headers = _checkpoint_headers(root)
-    chosen = _select(cfg, headers, root)
-    stored = headers["model.embed_tokens.weight"].dtype
-    target_dtype = resolve_dtype(dtype, _SAFETENSORS_DTYPES.get(stored, cfg.torch_dtype))
+    checked = check_sdar_checkpoint(path, dtype)
+    cfg, headers, chosen = checked.config, checked.headers, checked.chosen
     # Built on the meta device so no time goes into random init of weights about to be loaded.
-    model = Model(cfg, dtype=target_dtype, device="meta", compute_dtype=compute_dtype)
+    model = Model(cfg, dtype=checked.dtype, device="meta", compute_dtype=compute_dtype)
     model.materialize(device)
     params = dict(model.named_parameters())
     covered: dict[str, int] = defaultdict(int)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from math import prod
 from pathlib import Path
 
@@ -183,15 +184,23 @@ def _select(
     return chosen, skipped
 
 
-def load_diffusion_gemma(
-    path: str | Path,
-    *,
-    device: str | torch.device = "cpu",
-    dtype: str | torch.dtype | None = None,
-    compute_dtype: torch.dtype | None = None,
-) -> DiffusionGemmaModel:
-    """Builds the text model of a DiffusionGemma checkpoint directory and loads its weights,
-    checked first. DTYPE: None / "auto" keeps the checkpoint's own."""
+@dataclass(frozen=True)
+class CheckedCheckpoint:
+    """A DiffusionGemma checkpoint whose tensor headers were checked against its config: which
+    checkpoint tensor fills which parameter (or buffer) of the whole model, and the weights'
+    dtype."""
+
+    root: Path
+    config: DiffusionGemmaConfig
+    headers: dict[str, _Header]
+    chosen: dict[str, _Target]
+    skipped: list[str]  # vision tensors, not loaded
+    dtype: torch.dtype  # what the weights are loaded as (the one asked for, else as stored)
+
+
+def check_checkpoint(path: str | Path, dtype: str | torch.dtype | None = None) -> CheckedCheckpoint:
+    """Reads config and every tensor header of a DiffusionGemma checkpoint and checks them (one
+    CheckpointError listing every problem); reads no weights. DTYPE as `load_diffusion_gemma`."""
     root = _checkpoint_dir(path)
     cfg = load_diffusion_gemma_config(root)
     headers = _checkpoint_headers(root)
@@ -205,13 +214,32 @@ def load_diffusion_gemma(
     )
     stored = _SAFETENSORS_DTYPES.get(embed.dtype) if embed is not None else None
     target_dtype = resolve_dtype(dtype, stored or cfg.torch_dtype)
+    # The whole model's shapes, from a model on the meta device (no storage).
+    whole = DiffusionGemmaModel(cfg, dtype=target_dtype, device="meta")
+    shapes = dict(whole.named_parameters())
+    shapes.update(whole.named_buffers())
+    chosen, skipped = _select(cfg, _tensor_plan(cfg, shapes), headers, root)
+    return CheckedCheckpoint(root, cfg, headers, chosen, skipped, target_dtype)
+
+
+def load_diffusion_gemma(
+    path: str | Path,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    compute_dtype: torch.dtype | None = None,
+) -> DiffusionGemmaModel:
+    """Builds the text model of a DiffusionGemma checkpoint directory and loads its weights,
+    checked first. DTYPE: None / "auto" keeps the checkpoint's own."""
+    checked = check_checkpoint(path, dtype)
+    root, cfg, headers, chosen = checked.root, checked.config, checked.headers, checked.chosen
     # Built on the meta device so no time goes into random init of weights about to be loaded.
-    model = DiffusionGemmaModel(cfg, dtype=target_dtype, device="meta", compute_dtype=compute_dtype)
+    model = DiffusionGemmaModel(
+        cfg, dtype=checked.dtype, device="meta", compute_dtype=compute_dtype
+    )
     model.materialize(device)
     params = dict(model.named_parameters())
     params.update(model.named_buffers())
-    plan = _tensor_plan(cfg, params)
-    chosen, skipped = _select(cfg, plan, headers, root)
     covered: dict[str, int] = defaultdict(int)
     for target in chosen.values():
         covered[target.param] += prod(target.shape)
@@ -222,9 +250,11 @@ def load_diffusion_gemma(
         # A bug in the name plan, not in the checkpoint: never serve uninitialised weights.
         raise RuntimeError(f"loader plan leaves parameters unfilled: {uncovered}")
     copy_tensors(chosen, headers, params)
-    if skipped:
+    if checked.skipped:
         log.info(
-            "%s: %d vision tensors not loaded (this engine serves text only)", root, len(skipped)
+            "%s: %d vision tensors not loaded (this engine serves text only)",
+            root,
+            len(checked.skipped),
         )
     model.eval()
     return model
