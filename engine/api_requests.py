@@ -155,6 +155,13 @@ def sampling_params(
     )
 
 
+def default_params(defaults: ModelSection, default_block: int, max_tokens: int) -> SamplingParams:
+    """The decoding parameters of a request that sets none: the server's defaults, by the same
+    rules as `sampling_params` (the warm-up decodes with them, so a family that refuses one
+    stops start-up instead of refusing every request)."""
+    return sampling_params(BaseRequest(model="defaults"), defaults, max_tokens, None, default_block)
+
+
 def check_request(
     params: SamplingParams,
     prompt: list[int],

@@ -78,17 +78,31 @@ def engine_options(config: ServeConfig) -> EngineOptions:
 
 def load_served_model(config: ServeConfig, state: Any) -> Any:
     """Build the engine (`engine.factory`), warm it up, start it; return the ServedModel."""
+    from engine.api_requests import default_params
     from engine.async_engine import AsyncEngine
+    from engine.errors import InvalidParams
     from engine.factory import build_engine
-    from engine.params import SamplingParams
     from engine.serving import ServedModel
 
     m, svc = config.model, config.service
     built = build_engine(m.path, engine_options(config))
     model, tokenizer, core = built.model, built.tokenizer, built.core
+    default_block = m.block_size or core.default_block_size
     start = time.perf_counter()
     warm_prompt = tokenizer.encode("Hello") or [0]
-    core.add_request("warm-up", warm_prompt, SamplingParams(max_tokens=1))
+    try:
+        core.add_request("warm-up", warm_prompt, default_params(m, default_block, max_tokens=1))
+    except InvalidParams as exc:
+        if exc.field not in type(m).model_fields:
+            raise
+        # A default this checkpoint's family refuses (model.steps for a DiffusionGemma one, as
+        # an SDAR deployment's config has) would refuse every request with a 400 blaming the
+        # client, which gateways and rollouts do not count as errors: stop here instead.
+        raise ServeConfigError(
+            f"model.{exc.field} in the engine config is every request's default, and this "
+            f"checkpoint refuses it: {exc}. Remove it (a rollout to this checkpoint can bring "
+            "its own config: dctl rollout --engine-config FILE)"
+        ) from exc
     while core.has_unfinished():
         core.step()
     log.info("warm-up done", extra={"seconds": round(time.perf_counter() - start, 3)})
@@ -111,11 +125,7 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         model=model,
     )
     engine.start()
-    return ServedModel(
-        engine=engine,
-        tokenizer=tokenizer,
-        default_block=m.block_size or core.default_block_size,
-    )
+    return ServedModel(engine=engine, tokenizer=tokenizer, default_block=default_block)
 
 
 # ---- the server --------------------------------------------------------------------------

@@ -124,3 +124,15 @@ def test_a_bad_diffusion_gemma_config_stops_start_up_naming_the_field(tmp_path: 
     server = launch_server(tmp_path, checkpoint)
     assert server.proc.wait(120) != 0
     assert "canvas_length" in server.log_path.read_text()
+
+
+def test_a_server_default_the_family_refuses_stops_start_up_naming_the_key(
+    tmp_path: Path,
+) -> None:
+    # An SDAR deployment's config (steps mode by default) on a DiffusionGemma checkpoint: served,
+    # every request would be a 400 that gateways and rollouts count as the client's fault.
+    checkpoint = create_diffusion_gemma_demo(tmp_path / "demo")
+    server = launch_server(tmp_path, checkpoint, steps=2)
+    assert server.proc.wait(120) != 0
+    log = server.log_path.read_text()
+    assert "model.steps in the engine config" in log and "masked-diffusion" in log
