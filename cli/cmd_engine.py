@@ -17,6 +17,8 @@ def serve(ctx: typer.Context) -> None:
 
     Usage: dctl engine serve --config engine.yaml [--port N --model DIR ...]; every key of the
     config file has a flag (see `dctl engine serve --help`). SIGTERM drains, then exits 0.
+    `--parallel N [--experts expert|tensor]` serves one instance as N ranks (parallel.size,
+    parallel.experts): one per GPU, or N CPU processes.
     """
     # The engine owns its argument parser, so `dctl engine serve` and `python -m engine.serve`
     # accept exactly the same flags and print the same errors.

@@ -148,6 +148,10 @@ def memory_plan(directory: Path) -> tuple[MemoryPlan | None, str]:
         family=sizing.family,
         max_context_tokens=sizing.max_context_tokens,
         num_parameters=sizing.num_parameters,
+        num_heads=sizing.num_heads,
+        num_kv_heads=list(sizing.num_kv_heads),
+        num_experts=sizing.num_experts,
+        vocab_size=sizing.vocab_size,
     )
     note = (
         f"memory plan ({dtype}): weights {human_bytes(stored.weights_bytes)}, "

@@ -9,6 +9,7 @@ model:     {path: ..., served_name: ..., dtype: bf16, max_seq_len: 4096, block_s
             threshold: 0.9, steps: null, min_steps: 1, max_steps: 32, thinking: false,
             snapshot_digest: null, resident_weights: auto, packed_weights: auto}
 resources: {device: auto, memory_fraction: 0.85, threads: null}
+parallel:  {size: null, experts: expert}   # ranks of one instance; null: one per GPU (1 on CPU)
 logging:   {level: info, format: json}
 chaos:     {error_rate: 0.0, extra_latency_ms: 0}   # fault injection for game days; off
 ```
@@ -45,6 +46,9 @@ MAX_TOKENS = 2**20
 MAX_QUEUE = 1_000_000
 MAX_BODY_BYTES = 2**30
 MAX_THREADS = 4096
+# Ranks of one instance: as many as an instance may have GPUs (protocol.rest's
+# MAX_GPUS_PER_INSTANCE), or CPU ranks on a host without GPUs.
+MAX_PARALLEL_SIZE = 64
 TokenCount = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
 
 
@@ -175,6 +179,21 @@ class ResourcesConfig(_Section):
         return value
 
 
+class ParallelConfig(_Section):
+    """How one instance splits the model over ranks (`torch.distributed`; one process each).
+
+    Attention heads, the dense MLP, the embeddings and the LM head are split across every rank;
+    a MoE layer's experts are either placed whole on ranks (`expert`: each holds experts / size
+    of them) or each expert's matrices are split across every rank (`tensor`). On GPUs each rank
+    owns one GPU of the instance, so `size` is the instance's GPU count; on a CPU the ranks are
+    CPU processes (gloo) and `size` is free.
+    """
+
+    # None: one rank per GPU the instance gets (its CUDA_VISIBLE_DEVICES); one rank on a CPU.
+    size: Annotated[int, Field(ge=1, le=MAX_PARALLEL_SIZE)] | None = None
+    experts: Literal["expert", "tensor"] = "expert"
+
+
 class ChaosConfig(_Section):
     """Fault injection, to rehearse a bad release for real (a canary that fails or is slow).
 
@@ -207,6 +226,7 @@ class ServeConfig(_Section):
     service: ServiceConfig = ServiceConfig()
     model: ModelSection
     resources: ResourcesConfig = ResourcesConfig()
+    parallel: ParallelConfig = ParallelConfig()
     logging: LoggingConfig = LoggingConfig()
     chaos: ChaosConfig = ChaosConfig()
 
@@ -221,8 +241,15 @@ class DeploymentEngineConfig(_Section):
     service: ServiceTuning = ServiceTuning()
     model: ModelTuning = ModelTuning()
     resources: ResourcesConfig = ResourcesConfig()
+    parallel: ParallelConfig = ParallelConfig()
     logging: LoggingConfig = LoggingConfig()
     chaos: ChaosConfig = ChaosConfig()
+
+    @property
+    def gpu_ranks(self) -> int | None:
+        """`parallel.size` where the ranks run one per GPU; None where it is left to the
+        instance's GPU count, or the ranks run on CPUs (no GPU each)."""
+        return None if self.resources.device == "cpu" else self.parallel.size
 
 
 # Keys the agent (or the control plane) decides per instance, and why a deployment cannot.
@@ -292,6 +319,8 @@ FLAGS: dict[str, str] = {
     "device": "resources.device",
     "memory-fraction": "resources.memory_fraction",
     "threads": "resources.threads",
+    "parallel": "parallel.size",
+    "experts": "parallel.experts",
     "log-level": "logging.level",
     "log-format": "logging.format",
     "chaos-error-rate": "chaos.error_rate",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from datetime import datetime
 from enum import StrEnum
@@ -188,10 +189,43 @@ class MemoryPlan(WireModel):
         default=0, ge=0, le=BYTES_MAX, description="working memory headroom"
     )
     num_parameters: int | None = Field(default=None, ge=0, le=BYTES_MAX)
+    # What an instance's ranks split (engine config `parallel`); None: registered before these
+    # were stored, or by a dctl without the engine, so no split is checked against them.
+    num_heads: int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="attention (query) heads per layer"
+    )
+    num_kv_heads: list[Annotated[int, Field(ge=1, le=INT32_MAX)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="K/V heads per layer, each distinct count once (layers may differ)",
+    )
+    num_experts: int | None = Field(
+        default=None, ge=0, le=INT32_MAX, description="routed experts of a MoE layer; 0: dense"
+    )
+    vocab_size: int | None = Field(default=None, ge=1, le=INT32_MAX)
 
     def required_bytes(self, kv_tokens: int) -> int:
         """Bytes needed to hold the weights, activations and a KV cache of `kv_tokens` tokens."""
         return self.weights_bytes + self.activation_bytes + self.kv_bytes_per_token * kv_tokens
+
+    def rank_kv_share(self, ranks: int) -> float:
+        """The part of the KV cache one of RANKS ranks holds: its K/V heads of each layer.
+
+        K/V heads split across the ranks, but a rank holds at least one (fewer heads than ranks
+        are replicated), so the share is the largest over the layers' counts; 1 / RANKS when the
+        counts are unknown.
+        """
+        if not self.num_kv_heads:
+            return 1 / ranks
+        return max(-(-kv // ranks) / kv for kv in self.num_kv_heads)
+
+    def rank_bytes(self, kv_tokens: int, ranks: int) -> int:
+        """Bytes one of RANKS ranks needs (on its own GPU): its share of the weights and of a
+        KV cache of KV_TOKENS tokens, and the whole activation headroom (every rank runs the
+        forward of the whole batch)."""
+        weights = -(-self.weights_bytes // ranks)
+        kv = math.ceil(self.kv_bytes_per_token * kv_tokens * self.rank_kv_share(ranks))
+        return weights + self.activation_bytes + kv
 
 
 # --- registration ------------------------------------------------------------------------------

@@ -43,6 +43,12 @@ class CheckpointSizing:
     plan: MemoryPlan
     num_parameters: int
     max_context_tokens: int
+    # What the ranks of a parallel instance split (engine config `parallel`): query heads, each
+    # distinct per-layer K/V head count, routed experts per MoE layer (0: dense), vocabulary.
+    num_heads: int
+    num_kv_heads: tuple[int, ...]
+    num_experts: int
+    vocab_size: int
 
 
 def size_checkpoint(directory: Path, *, max_batch: int, max_seq: int) -> CheckpointSizing:
@@ -66,6 +72,10 @@ def size_checkpoint(directory: Path, *, max_batch: int, max_seq: int) -> Checkpo
             plan=dg_memory.plan_memory(dg, dtype, max_batch, seq),
             num_parameters=dg_memory.num_parameters(dg),
             max_context_tokens=dg.max_position_embeddings,
+            num_heads=dg.num_heads,
+            num_kv_heads=tuple(sorted(set(dg.num_kv_heads))),
+            num_experts=dg.num_experts,
+            vocab_size=dg.vocab_size,
         )
     config = ModelConfig.from_hf(raw, gen, source=source)
     dtype = canonical_dtype(config.torch_dtype or "bf16")
@@ -76,4 +86,8 @@ def size_checkpoint(directory: Path, *, max_batch: int, max_seq: int) -> Checkpo
         plan=plan_sdar_memory(config, dtype, max_batch, seq),
         num_parameters=config.num_parameters(),
         max_context_tokens=config.max_position_embeddings,
+        num_heads=config.num_heads,
+        num_kv_heads=(config.num_kv_heads,),
+        num_experts=config.num_experts,
+        vocab_size=config.vocab_size,
     )
