@@ -22,7 +22,10 @@ deploy_app = typer.Typer(help="Deployments: a model version placed on hosts.", n
 ENGINE_CONFIG_OPTION = typer.Option(
     None, "--engine-config", help="YAML or JSON file with the engine settings of every instance."
 )
-GPUS_HELP = "GPUs each instance gets, its own on its host; 0: all GPUs of the host."
+GPUS_HELP = (
+    "GPUs each instance gets, its own on its host, one rank of the model on each (engine config "
+    "parallel.size); 0: all GPUs of the host."
+)
 
 
 def _ready(deployment: Mapping[str, Any]) -> str:

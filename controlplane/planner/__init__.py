@@ -19,9 +19,13 @@ The rules, per deployment:
   other instance's there; an assignment that is still valid is kept, so re-planning moves
   nothing. k None: the instance gets `()`, all GPUs of the host; such instances may share a host
   with each other (as before GPUs were assigned) but never with instances holding indices.
-- Memory: with the version's memory plan, weights + activations + KV reserve must fit in the
-  memory of the instance's GPUs (all of the host's for `()`: instances sharing a host are each
-  checked against the whole host, so set k to have memory checked per instance). The KV reserve
+- Parallel: an instance runs one rank per GPU it gets (engine config `parallel.size`, default
+  its GPU count). With k None and `parallel.size` set (`DeploymentView.parallel_size`), a host
+  whose GPU count differs does not fit; with k set the API already refused a size other than k.
+- Memory: with the version's memory plan, a rank's share must fit in each of the instance's GPUs
+  (all of the host's for `()`: instances sharing a host are each checked against the whole
+  host, so set k to have memory checked per instance): weights / ranks, the whole activation
+  headroom, and its K/V heads' part of the KV reserve (`MemoryPlan.rank_bytes`). The KV reserve
   is max_seq_len × max_concurrent_requests tokens of the engine config (`kv_reserve_tokens`):
   enough for every request slot holding a full-length sequence.
 - Hosts that report no GPUs yet (no heartbeat since registration) are placed without GPU indices
@@ -45,7 +49,7 @@ from controlplane.planner.changes import (
     UpdateVersion,
     apply_changes,
 )
-from controlplane.planner.fit import gib, kv_reserve_tokens
+from controlplane.planner.fit import gib, gpu_ranks, kv_reserve_tokens
 from controlplane.planner.plan import plan_deployment, plan_fleet
 from controlplane.planner.views import (
     RUNNING,
@@ -77,6 +81,7 @@ __all__ = [
     "VersionView",
     "apply_changes",
     "gib",
+    "gpu_ranks",
     "kv_reserve_tokens",
     "plan_deployment",
     "plan_fleet",

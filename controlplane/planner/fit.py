@@ -13,17 +13,28 @@ from controlplane.planner.views import DeploymentView, HostView, InstanceView, V
 from protocol.engine_config import DeploymentEngineConfig
 
 
+def engine_settings(engine_config: Mapping[str, Any]) -> DeploymentEngineConfig:
+    """A deployment's stored engine config with the engine's defaults for what it leaves out; a
+    config stored before validation existed that no longer validates counts as all defaults."""
+    try:
+        return DeploymentEngineConfig.model_validate(engine_config)
+    except ValidationError:
+        return DeploymentEngineConfig()
+
+
 def kv_reserve_tokens(engine_config: Mapping[str, Any]) -> int:
     """KV-cache tokens to reserve per instance: max_seq_len × max_concurrent_requests.
 
-    Keys the config leaves out take the engine's defaults (4096 × 32); a config stored before
-    validation existed that no longer validates counts as all defaults.
+    Keys the config leaves out take the engine's defaults (4096 × 32).
     """
-    try:
-        config = DeploymentEngineConfig.model_validate(engine_config)
-    except ValidationError:
-        config = DeploymentEngineConfig()
+    config = engine_settings(engine_config)
     return config.model.max_seq_len * config.service.max_concurrent_requests
+
+
+def gpu_ranks(engine_config: Mapping[str, Any]) -> int | None:
+    """The ranks an instance runs, one per GPU, when its engine config sets `parallel.size`;
+    None when it leaves it to the instance's GPU count, or runs on the CPU (no GPU per rank)."""
+    return engine_settings(engine_config).gpu_ranks
 
 
 def gib(n: int) -> str:
@@ -102,6 +113,15 @@ def _assign_gpus(
     free = set() if whole_host_others else on_host - claimed
     head = f"deployment {deployment.name} does not fit on host {host.name}"
     if per_instance is None:
+        ranks = deployment.parallel_size
+        if ranks is not None and ranks != len(on_host):
+            # The engine runs one rank per GPU it is given: it would refuse to start here.
+            message = (
+                f"{head}: its engine config sets parallel.size {ranks}, and each instance gets "
+                f"all {len(on_host)} GPUs of the host (one rank per GPU): set "
+                f"--gpus-per-instance {ranks}, or parallel.size {len(on_host)}"
+            )
+            return Problem(deployment.id, host.id, "gpus", message)
         if not claimed:
             for slot in slots:
                 slot.gpu_indices = ()
@@ -137,7 +157,9 @@ def _assign_gpus(
 def memory_problem(
     deployment: DeploymentView, draft: HostDraft, versions: Mapping[int, VersionView]
 ) -> Problem | None:
-    """A problem when some instance's version does not fit in the memory of its GPUs."""
+    """A problem when some instance's version does not fit in the memory of its GPUs: each GPU
+    runs one rank, which holds its share of the weights and of the KV reserve and the whole
+    activation headroom (`MemoryPlan.rank_bytes`)."""
     memory = {g.index: g.memory_bytes for g in draft.host.gpus}
     if not memory:
         return None  # GPUs not reported yet: nothing to check against
@@ -147,17 +169,47 @@ def memory_problem(
         plan = version.memory_plan if version else None
         if version is None or plan is None:
             continue
-        need = plan.required_bytes(tokens)
         indices = slot.gpu_indices or tuple(memory)
-        have = sum(memory.get(i, 0) for i in indices)
+        ranks = deployment.parallel_size or len(indices)
+        need = plan.rank_bytes(tokens, ranks)
+        have = min(memory.get(i, 0) for i in indices)
         if need > have:
-            message = (
-                f"deployment {deployment.name} does not fit on host {draft.host.name}: "
-                f"{version.label} needs {gib(need)} per instance (weights "
-                f"{gib(plan.weights_bytes)} + activations {gib(plan.activation_bytes)} + KV "
-                f"reserve {gib(plan.kv_bytes_per_token * tokens)} for {tokens} tokens), its "
-                f"{len(indices)} GPU(s) have {gib(have)}: raise --gpus-per-instance or lower "
-                "max_seq_len / max_concurrent_requests"
+            message = _memory_message(deployment, draft.host, version, tokens, ranks, need)
+            gpus = f"its GPU has {gib(have)}"
+            if len(indices) > 1:
+                gpus = f"the smallest of its {len(indices)} GPUs has {gib(have)}"
+            fix = (
+                "raise --gpus-per-instance (and parallel.size) or lower max_seq_len / "
+                "max_concurrent_requests"
             )
-            return Problem(deployment.id, draft.host.id, "memory", message)
+            return Problem(deployment.id, draft.host.id, "memory", f"{message}, {gpus}: {fix}")
     return None
+
+
+def _memory_message(
+    deployment: DeploymentView,
+    host: HostView,
+    version: VersionView,
+    tokens: int,
+    ranks: int,
+    need: int,
+) -> str:
+    """What the instance needs on each GPU, and of what."""
+    plan = version.memory_plan
+    assert plan is not None
+    head = f"deployment {deployment.name} does not fit on host {host.name}: {version.label}"
+    kv = plan.kv_bytes_per_token * tokens
+    if ranks == 1:
+        return (
+            f"{head} needs {gib(need)} per instance (weights {gib(plan.weights_bytes)} + "
+            f"activations {gib(plan.activation_bytes)} + KV reserve {gib(kv)} for {tokens} "
+            "tokens)"
+        )
+    weights = -(-plan.weights_bytes // ranks)
+    kv_share = round(kv * plan.rank_kv_share(ranks))
+    return (
+        f"{head} needs {gib(need)} on each GPU, a rank's share with parallel.size {ranks} "
+        f"(weights {gib(weights)} of {gib(plan.weights_bytes)} + activations "
+        f"{gib(plan.activation_bytes)} + KV reserve {gib(kv_share)} of {gib(kv)} for {tokens} "
+        "tokens)"
+    )

@@ -43,6 +43,9 @@ class DeploymentView:
     instances_per_host: int = 1
     gpus_per_instance: int | None = None
     kv_reserve_tokens: int = 0
+    # `parallel.size` of its engine config where the ranks run on GPUs, one each (`gpu_ranks`);
+    # None: one rank per GPU an instance gets.
+    parallel_size: int | None = None
     # Instances a rolling restart holds stopped until their agent reports them stopped.
     held_stopped: frozenset[int] = frozenset()
 

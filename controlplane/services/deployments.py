@@ -9,14 +9,20 @@ from sqlalchemy import delete
 from sqlmodel import Session, col, select
 
 from controlplane.eventlog import record_event
-from controlplane.models import Deployment, Host, Instance, Model
+from controlplane.models import Deployment, Host, Instance, Model, ModelVersion
 from controlplane.rollouts.webhook import check_target
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version
 from controlplane.services.placement import active_rollouts, bump_generation, place_deployment
-from protocol.engine_config import ServeConfigError, validate_deployment_config
+from protocol.engine_config import (
+    DeploymentEngineConfig,
+    ServeConfigError,
+    validate_deployment_config,
+)
+from protocol.parallel_split import parallel_split_problem
 from protocol.rest import DeploymentCreate, DeploymentUpdate, Placement
 from protocol.version_ref import VersionRef
+from protocol.wire import MemoryPlan
 
 
 def list_deployments(session: Session) -> list[Deployment]:
@@ -53,6 +59,7 @@ def create_deployment(
         created_at=now,
         updated_at=now,
     )
+    check_parallel(deployment, VersionRef(spec.model, spec.version), version)
     session.add(deployment)
     session.flush()
     place_deployment(session, now, deployment)
@@ -130,6 +137,11 @@ def update_deployment(
             "nothing to update: give instances_per_host, gpus_per_instance, engine_config, "
             "version, placement or rollout_policy"
         )
+    if changes.keys() & {"gpus_per_instance", "engine_config", "version"}:
+        model = session.get(Model, deployment.model_id)
+        stable = session.get(ModelVersion, deployment.stable_version_id)
+        assert model is not None and stable is not None
+        check_parallel(deployment, VersionRef(model.name, stable.version), stable)
     deployment.updated_at = now
     session.add(deployment)
     session.flush()
@@ -179,6 +191,42 @@ def checked_engine_config(data: dict[str, Any]) -> dict[str, Any]:
         return validate_deployment_config(data)
     except ServeConfigError as exc:
         raise Invalid(str(exc)) from None
+
+
+def check_parallel(deployment: Deployment, label: VersionRef, version: ModelVersion) -> None:
+    """Invalid when the deployment's instances could not start their ranks: a `parallel.size`
+    other than its GPUs per instance (each GPU runs one rank), or a version whose heads or
+    experts do not split over them (`parallel_split_problem`, where its memory plan has them).
+
+    On CPUs (`resources.device: cpu`) ranks are processes and any size goes; with GPUs per
+    instance left to the host (all its GPUs), the planner holds the size to each host's count.
+    """
+    # Stored configs went through `checked_engine_config`: this parses, with the defaults.
+    settings = DeploymentEngineConfig.model_validate(deployment.engine_config)
+    size, gpus = settings.parallel.size, deployment.gpus_per_instance
+    on_cpu = settings.resources.device == "cpu"
+    if settings.gpu_ranks is not None and gpus is not None and settings.gpu_ranks != gpus:
+        raise Invalid(
+            f"engine_config: parallel.size ({size}) must equal gpus_per_instance ({gpus}): each "
+            "GPU of an instance runs one rank. Leave parallel.size out to follow "
+            "gpus_per_instance, or give both the same number"
+        )
+    # Left out: one rank per GPU of the instance (one on a CPU; unknown for all of a host's).
+    ranks = size if size is not None else (None if on_cpu else gpus)
+    if ranks is None or not version.memory_plan:
+        return
+    plan = MemoryPlan.model_validate(version.memory_plan)
+    problem = parallel_split_problem(
+        ranks,
+        settings.parallel.experts,
+        model=str(label),
+        num_heads=plan.num_heads,
+        kv_heads=plan.num_kv_heads or (),
+        num_experts=plan.num_experts,
+    )
+    if problem is not None:
+        default = "" if size is not None else f" (parallel.size left out: gpus_per_instance {gpus})"
+        raise Invalid(f"engine_config: {problem}{default}")
 
 
 def _check_placement(session: Session, placement: Placement) -> None:

@@ -38,6 +38,7 @@ from controlplane.planner import (
     UpdateGpus,
     UpdateVersion,
     VersionView,
+    gpu_ranks,
     kv_reserve_tokens,
     plan_deployment,
     plan_fleet,
@@ -225,6 +226,7 @@ def deployment_view(
         instances_per_host=deployment.instances_per_host,
         gpus_per_instance=deployment.gpus_per_instance,
         kv_reserve_tokens=kv_reserve_tokens(deployment.engine_config),
+        parallel_size=gpu_ranks(deployment.engine_config),
         held_stopped=held_stopped or frozenset(),
     )
 

@@ -60,17 +60,18 @@ def test_memory_that_does_not_fit_is_refused_with_both_figures(api: Api) -> None
     assert one.status_code == 422
     message = one.json()["message"]
     # 150 GiB of weights + 4096 × 32 tokens × 16 KiB = 2 GiB of KV reserve, on one 141 GiB GPU.
-    assert "needs 152.0 GiB" in message and "have 141.0 GiB" in message
+    assert "needs 152.0 GiB" in message and "its GPU has 141.0 GiB" in message
     assert "KV reserve 2.0 GiB for 131072 tokens" in message and "host gpu-1" in message
     two = deploy(api, "web", ["gpu-1"], gpus_per_instance=2)
     assert two.status_code == 201, two.text
-    # A longer context for more requests is a bigger KV reserve: 8192 × 2048 tokens = 256 GiB.
+    # A longer context for more requests is a bigger KV reserve: 8192 × 2048 tokens = 256 GiB,
+    # of which each of the two ranks holds half, beside half the weights: 75 + 128 GiB.
     config = {"model": {"max_seq_len": 8192}, "service": {"max_concurrent_requests": 2048}}
     bigger = patch(api, "web", engine_config=config)
     assert bigger.status_code == 422
     assert (
-        "needs 406.0 GiB" in bigger.json()["message"]
-        and "have 282.0 GiB" in bigger.json()["message"]
+        "needs 203.0 GiB on each GPU" in bigger.json()["message"]
+        and "the smallest of its 2 GPUs has 141.0 GiB" in bigger.json()["message"]
     )
 
 

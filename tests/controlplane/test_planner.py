@@ -21,6 +21,7 @@ from controlplane.planner import (
     UpdateVersion,
     VersionView,
     apply_changes,
+    gpu_ranks,
     kv_reserve_tokens,
     plan_deployment,
     plan_fleet,
@@ -293,12 +294,68 @@ def test_memory_that_does_not_fit_gives_both_figures_in_gib() -> None:
     )
     [problem] = plan.problems
     assert problem.kind == "memory" and plan.changes == []
-    assert "needs 101.0 GiB" in problem.message and "have 80.0 GiB" in problem.message
+    assert "needs 101.0 GiB" in problem.message and "its GPU has 80.0 GiB" in problem.message
     assert "KV reserve 1.0 GiB for 1048576 tokens" in problem.message
     two = plan_deployment(
         web(gpus_per_instance=2, kv_reserve_tokens=2**20), None, [host()], [], big
     )
     assert two.problems == [] and len(two.changes) == 1
+
+
+def test_each_gpu_holds_one_ranks_share_with_the_whole_activation_headroom() -> None:
+    # 100 GiB of weights and 30 GiB of activations on two 80 GiB GPUs: 160 GiB in all would hold
+    # the 131 GiB, but each rank holds half the weights and all the activations, 80.5 GiB.
+    plan = MemoryPlan(weights_bytes=100 * GIB, activation_bytes=30 * GIB, kv_bytes_per_token=1024)
+    versions = {STABLE: VersionView("demo:v1", plan)}
+    two = plan_deployment(
+        web(gpus_per_instance=2, kv_reserve_tokens=2**20), None, [host()], [], versions
+    )
+    [problem] = two.problems
+    assert problem.kind == "memory" and two.changes == []
+    assert (
+        "needs 80.5 GiB on each GPU, a rank's share with parallel.size 2 (weights 50.0 GiB of "
+        "100.0 GiB + activations 30.0 GiB + KV reserve 0.5 GiB of 1.0 GiB for 1048576 tokens), "
+        "the smallest of its 2 GPUs has 80.0 GiB"
+    ) in problem.message
+    four = plan_deployment(
+        web(gpus_per_instance=4, kv_reserve_tokens=2**20), None, [host()], [], versions
+    )
+    assert four.problems == [] and len(four.changes) == 1
+
+
+def test_fewer_kv_heads_than_ranks_are_replicated_so_each_rank_holds_more_kv() -> None:
+    # 300 GiB of weights over 4 ranks is 75 GiB each; the 16 GiB KV reserve splits 4 ways with
+    # 8 K/V heads (4 GiB each: 79 GiB fits 80), but only 2 ways with 2 (8 GiB each: 83 does not).
+    def plan(kv_heads: list[int]) -> dict[int, VersionView]:
+        memory = MemoryPlan(
+            weights_bytes=300 * GIB, kv_bytes_per_token=16 * 1024, num_kv_heads=kv_heads
+        )
+        return {STABLE: VersionView("demo:v1", memory)}
+
+    deployment = web(gpus_per_instance=4, kv_reserve_tokens=2**20)
+    assert plan_deployment(deployment, None, [host()], [], plan([8])).problems == []
+    [problem] = plan_deployment(deployment, None, [host()], [], plan([2])).problems
+    assert "needs 83.0 GiB on each GPU" in problem.message
+    assert "KV reserve 8.0 GiB of 16.0 GiB" in problem.message
+    # Layers that differ (sliding and full attention): the layer holding most decides.
+    [mixed] = plan_deployment(deployment, None, [host()], [], plan([8, 2])).problems
+    assert "needs 83.0 GiB on each GPU" in mixed.message
+
+
+def test_a_parallel_size_must_match_the_gpus_of_a_whole_host() -> None:
+    # GPUs per instance left to the host: each instance gets all 8, so one rank per GPU is 8.
+    plan = plan_deployment(web(parallel_size=4), None, [host()], [], VERSIONS)
+    [problem] = plan.problems
+    assert problem.kind == "gpus" and plan.changes == []
+    assert (
+        "its engine config sets parallel.size 4, and each instance gets all 8 GPUs of the "
+        "host (one rank per GPU): set --gpus-per-instance 4, or parallel.size 8"
+    ) in problem.message
+    whole = plan_deployment(web(parallel_size=8), None, [host()], [], VERSIONS)
+    assert whole.problems == []
+    assert [c.gpu_indices for c in whole.changes if isinstance(c, Create)] == [()]
+    # A host that has not reported its GPUs yet is placed; the next planning checks it.
+    assert plan_deployment(web(parallel_size=4), None, [host(gpus=0)], [], VERSIONS).problems == []
 
 
 def test_hosts_without_gpus_reported_get_all_gpus_and_no_memory_check() -> None:
@@ -344,6 +401,13 @@ def test_without_a_rollout_every_instance_runs_stable() -> None:
     assert plan.changes == [UpdateVersion(1, 1, STABLE)]
     kept = plan_deployment(web(), RolloutView(CANARY, 1), [host()], placed, VERSIONS)
     assert kept.changes == []
+
+
+def test_gpu_ranks_are_the_parallel_size_unless_the_ranks_run_on_cpus() -> None:
+    assert gpu_ranks({}) is None  # one rank per GPU the instance gets
+    assert gpu_ranks({"parallel": {"size": 4}}) == 4
+    assert gpu_ranks({"parallel": {"size": 4}, "resources": {"device": "cpu"}}) is None
+    assert gpu_ranks({"parallel": {"size": "many"}}) is None  # stored before validation
 
 
 def test_kv_reserve_is_max_seq_len_times_concurrent_requests() -> None:
