@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from pydantic import ValidationError
+
 from agent.gpu import GpuSnapshot
 from agent.instance_spec import deployment_settings
 from agent.preflight import memory_check
-from protocol.engine_config import ServeConfigError
+from protocol.engine_config import DeploymentEngineConfig, ServeConfigError
 from protocol.wire import INT32_MAX, DesiredInstance
 
 
@@ -52,5 +54,9 @@ def memory_shortfall(desired: DesiredInstance, sample: GpuSnapshot | None) -> st
     if plan is None or sample is None:
         return None
     kv_tokens = plan.max_context_tokens or 4096
-    check = memory_check(sample, plan, kv_tokens, tuple(desired.gpu_indices))
+    try:  # one rank per GPU unless the config says how many (`refusal` already checked it)
+        ranks = DeploymentEngineConfig.model_validate(desired.engine_config).gpu_ranks
+    except ValidationError:
+        ranks = None
+    check = memory_check(sample, plan, kv_tokens, tuple(desired.gpu_indices), ranks)
     return f"not started: {check.reason}" if check.status == "fail" else None

@@ -1,7 +1,12 @@
 """Engine processes as the supervisor sees them: launch, adopt, signal, probe, pid files, logs.
 
 Engines run in their own session, so they outlive an agent restart (the new agent re-adopts them
-from their pid files) and a Ctrl-C aimed at the agent does not reach them. Their output goes
+from their pid files) and a Ctrl-C aimed at the agent does not reach them. That session's process
+group is the instance: a parallel engine (`parallel.size` > 1) is rank 0, which starts the other
+ranks as its children in its group. SIGTERM goes to rank 0 alone (it drains, then ends its
+ranks); SIGKILL goes to the whole group; and once rank 0 has exited, whatever is left of its
+group is killed before it counts as ended, so no rank outlives its instance or holds a GPU
+into the next start. Their output goes
 straight to a log file, never through a pipe the agent holds: a pipe would break when the agent
 restarts and take the engine down with it. Logs are rotated on each (re)start and copy-truncated
 when they grow past the limit while the engine runs.
@@ -44,11 +49,13 @@ class EngineProcess(Protocol):
     pid: int
 
     def poll(self) -> int | None:
-        """None while running; the exit code once it ended (negative: killed by that signal)."""
+        """None while running; the exit code once it ended (negative: killed by that signal),
+        by which time none of its process group is left."""
         ...
 
     def send(self, sig: int) -> None:
-        """Deliver a signal; a process that already ended is ignored."""
+        """Deliver a signal: SIGKILL to its whole process group, any other to the engine
+        itself; a process that already ended is ignored."""
         ...
 
 
@@ -78,22 +85,66 @@ def engine_url(host: str, port: int, path: str, tls: bool = False) -> str:
     return f"{scheme}://[{host}]:{port}{path}" if ":" in host else f"{scheme}://{host}:{port}{path}"
 
 
+def _signal(pid: int, sig: int) -> None:
+    """SIGKILL to PID's process group (every rank of the engine), any other signal to PID."""
+    with contextlib.suppress(ProcessLookupError):
+        if sig == SIGKILL:
+            _kill_group(pid)
+        else:
+            os.kill(pid, sig)
+
+
+def _kill_group(leader: int) -> None:
+    """SIGKILL every process of the group LEADER started (`start_new_session`); just LEADER
+    when it leads no group of its own (an engine started otherwise), never the agent's."""
+    try:
+        group = os.getpgid(leader)
+    except ProcessLookupError:
+        group = leader  # the leader is gone, its group may not be: its id is still the group's
+    if group == leader and group != os.getpgrp():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, SIGKILL)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader, SIGKILL)
+
+
 class ChildProcess:
-    """An engine this agent started."""
+    """An engine this agent started, the leader of its own process group."""
 
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
         self.pid = popen.pid
 
     def poll(self) -> int | None:
-        """Exit code once ended, reaping the child."""
-        return self._popen.poll()
+        """Exit code once ended, reaping the child after killing what is left of its group."""
+        if self._popen.returncode is not None:
+            return self._popen.returncode
+        exited = _exited_unreaped(self.pid)
+        if exited:
+            # Still unreaped, the engine holds its pid, so the group id cannot have passed to
+            # another process: its leftover ranks are killed, and nothing else.
+            _kill_group(self.pid)
+        code = self._popen.poll()
+        if code is not None and exited is None:
+            _kill_group(self.pid)  # just after reaping: pids are not reused that fast
+        return code
 
     def send(self, sig: int) -> None:
-        """Signal the child if it still runs."""
-        if self._popen.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+        """Signal the child (SIGKILL: its whole group) if it still runs."""
+        if self.poll() is None:
+            _signal(self.pid, sig)
+
+
+def _exited_unreaped(pid: int) -> bool | None:
+    """Whether our child PID has exited, without reaping it; None where the system cannot tell
+    (no `waitid`: macOS)."""
+    if not hasattr(os, "waitid"):
+        return None
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
 
 
 class AdoptedProcess:
@@ -104,16 +155,18 @@ class AdoptedProcess:
         self._gone = False
 
     def poll(self) -> int | None:
-        """None while alive; -1 once it is gone (code unknown)."""
+        """None while alive; -1 once it is gone (code unknown), its leftover ranks killed."""
         if not self._gone and not _alive(self.pid):
             self._gone = True
+            # Not our child: another process reaps it, so unlike `ChildProcess.poll` this runs
+            # after the pid is free. Pids are not reused within the moment between the two.
+            _kill_group(self.pid)
         return -1 if self._gone else None
 
     def send(self, sig: int) -> None:
-        """Signal the process if it is still alive."""
+        """Signal the process (SIGKILL: its whole group) if it is still alive."""
         if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+            _signal(self.pid, sig)
 
 
 def _alive(pid: int) -> bool:

@@ -198,25 +198,36 @@ def _memory_check(sample: GpuSnapshot, config: PreflightConfig) -> PreflightChec
 
 
 def memory_check(
-    sample: GpuSnapshot, plan: MemoryPlan, kv_tokens: int, indices: tuple[int, ...] = ()
+    sample: GpuSnapshot,
+    plan: MemoryPlan,
+    kv_tokens: int,
+    indices: tuple[int, ...] = (),
+    ranks: int | None = None,
 ) -> PreflightCheck:
-    """Does the free memory of the GPUs (INDICES, default all) hold the plan's weights + KV?"""
-    need = plan.required_bytes(kv_tokens)
+    """Does each GPU (INDICES, default all) have free memory for its rank: one of RANKS (default
+    one per GPU) shares of the weights and of a KV cache of KV_TOKENS tokens, with the whole
+    activation headroom (`MemoryPlan.rank_bytes`)?"""
     devices = [d for d in sample.devices if not indices or d.index in indices]
-    free = [d.memory_free_bytes for d in devices if d.memory_free_bytes is not None]
+    free = {d.index: d.memory_free_bytes for d in devices if d.memory_free_bytes is not None}
     if not free:
         return _check("gpu_memory", "warn", "free GPU memory is not reported (N/A)")
-    total_free = sum(free)
-    if total_free < need:
+    ranks = ranks or len(devices)
+    need = plan.rank_bytes(kv_tokens, ranks)
+    index = min(free, key=lambda i: free[i])
+    what = f"weights + KV for {kv_tokens} tokens"
+    if ranks > 1:
+        what = f"on each of {ranks} GPUs, a rank's share of the {what}"
+    if free[index] < need:
         return _check(
             "gpu_memory",
             "fail",
-            f"model needs {need / GIB:.1f} GiB (weights + KV for {kv_tokens} tokens) but "
-            f"only {total_free / GIB:.1f} GiB GPU memory is free: stop other GPU processes or "
-            "use a host with more memory",
+            f"model needs {need / GIB:.1f} GiB ({what}) but only {free[index] / GIB:.1f} GiB "
+            f"is free on GPU {index}: stop other GPU processes or use a host with more memory",
         )
     return _check(
-        "gpu_memory", "pass", f"{total_free / GIB:.1f} GiB free >= {need / GIB:.1f} GiB needed"
+        "gpu_memory",
+        "pass",
+        f"{free[index] / GIB:.1f} GiB free on GPU {index} >= {need / GIB:.1f} GiB needed ({what})",
     )
 
 

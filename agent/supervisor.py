@@ -8,13 +8,17 @@ tests drive it with an injected clock, launcher and prober and never sleep. Per 
         +--process exits--> backoff (1 s doubling to 5 min) --> starting   |
                               \\-- after `crash_loop_after` failures in a row: crash_loop
 
-Stopping drains: SIGTERM, then SIGKILL after the grace period. Every state change is reported to
-`on_transition`, and `observed()` is what the heartbeat carries.
+Stopping drains: SIGTERM to the engine, then SIGKILL to its whole process group after the grace
+period; a parallel engine's ranks are in that group, and none outlives the engine's exit
+(`agent.engine_process`). Every state change is reported to `on_transition`, and `observed()` is
+what the heartbeat carries.
 
 An engine is `python -m engine.serve --config instance-N.yaml`: everything it needs, its API key
 included, is in that file (mode 0600, like the whole run directory), so no secret is on a
 command line or in the environment. The engine gets the agent's environment minus its `DCTL_*`
-variables (the bootstrap token may be one), plus `CUDA_VISIBLE_DEVICES` for its GPUs.
+variables (the bootstrap token may be one) and torch.distributed's, plus `CUDA_VISIBLE_DEVICES`
+for its GPUs and, when it may run several ranks, their rendezvous (`agent.rank_group`): a free
+loopback port picked at every start.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from agent.instance_spec import (
     threads_note,
 )
 from agent.private_files import private_dir, write_private
+from agent.rank_group import DISTRIBUTED_ENV, free_local_port, rendezvous_env
 from agent.supervised_instance import SupervisedInstance, exit_info
 from protocol.engine_config import ServeConfigError
 from protocol.plain_text import printable
@@ -70,14 +75,20 @@ class Supervisor:
         engine_command: list[str] | None = None,
         on_transition: TransitionCallback | None = None,
         env: dict[str, str] | None = None,
+        rendezvous_port: Callable[[], int] = free_local_port,
     ) -> None:
         self.run_dir = run_dir
         self.launcher, self.prober, self.clock = launcher, prober, clock
         self.policy = policy or SupervisorPolicy()
         self.engine_command = engine_command or ENGINE_COMMAND
         self.on_transition = on_transition
+        self.rendezvous_port = rendezvous_port
         base_env = env if env is not None else dict(os.environ)
-        self.env = {k: v for k, v in base_env.items() if not k.startswith("DCTL_")}
+        self.env = {
+            k: v
+            for k, v in base_env.items()
+            if not k.startswith("DCTL_") and k not in DISTRIBUTED_ENV
+        }
         self._instances: dict[int, SupervisedInstance] = {}
         private_dir(run_dir)
 
@@ -197,6 +208,7 @@ class Supervisor:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
         argv = [*self.engine_command, "--config", str(config_path)]
         try:
+            env.update(rendezvous_env(spec, config, self.rendezvous_port))
             inst.process = self.launcher.launch(argv, env, log_path)
         except OSError as exc:
             inst.process = None
@@ -212,6 +224,8 @@ class Supervisor:
         inst.after_stop = "stay"
         self._save_pid(inst)
         started = f"pid {inst.process.pid} on port {spec.port}"
+        if "MASTER_PORT" in env:
+            started += f", ranks meet on {env['MASTER_ADDR']}:{env['MASTER_PORT']}"
         threads = threads_note(spec, config)
         self._set(inst, InstanceState.STARTING, f"{started}, {threads}" if threads else started)
 

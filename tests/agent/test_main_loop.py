@@ -246,7 +246,9 @@ def test_an_instance_that_does_not_fit_the_gpus_is_not_started(tmp_path: Path) -
     rig.settle()
     assert rig.launcher.launched == []
     [observed] = rig.agent.observed()
-    assert observed.state == InstanceState.FAILED and "needs 400.0 GiB" in observed.message
+    # Its two GPUs run a rank each, holding half the weights.
+    assert observed.state == InstanceState.FAILED
+    assert "needs 200.0 GiB (on each of 2 GPUs, a rank's share of the weights" in observed.message
 
 
 def test_outage_keeps_engines_and_the_next_heartbeat_carries_every_delta(tmp_path: Path) -> None:

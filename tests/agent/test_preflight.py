@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.gpu import BackendSelection, FakeBackend
-from agent.preflight import PreflightConfig, TorchInfo, probe_torch, run_preflight
+from agent.gpu import BackendSelection, FakeBackend, GpuDevice, GpuSnapshot
+from agent.preflight import PreflightConfig, TorchInfo, memory_check, probe_torch, run_preflight
 from protocol.wire import MemoryPlan
 
 GIB = 1024**3
@@ -76,7 +76,28 @@ def test_memory_plan_larger_than_free_memory_fails(tmp_path: Path) -> None:
         torch_probe=lambda: CUDA_TORCH,
     )
     failed = {c.name: c.reason for c in report.failures()}
-    assert "needs 200.0 GiB" in failed["gpu_memory"]
+    assert "needs 100.0 GiB (on each of 2 GPUs, a rank's share" in failed["gpu_memory"]
+    assert "79.1 GiB is free on GPU 0" in failed["gpu_memory"]
+
+
+def test_each_gpu_must_hold_its_rank_whatever_the_others_have_free() -> None:
+    def device(index: int, free_gib: int) -> GpuDevice:
+        return GpuDevice(
+            index=index, uuid=f"GPU-{index}", name="H100", memory_total_bytes=80 * GIB,
+            memory_used_bytes=(80 - free_gib) * GIB, utilization_ratio=None,
+            temperature_celsius=None, power_watts=None, power_limit_watts=None,
+            ecc_uncorrected_errors=None, persistence_mode=None, compute_capability="9.0",
+        )  # fmt: skip
+
+    sample = GpuSnapshot("nvml", "550.1", "12.4", (device(0, 70), device(1, 10), device(2, 80)))
+    plan = MemoryPlan(weights_bytes=40 * GIB, kv_bytes_per_token=0)
+    # 80 GiB free in all on GPUs 0 and 1 would hold the 40 GiB, but GPU 1's rank needs 20.
+    check = memory_check(sample, plan, 4096, indices=(0, 1))
+    assert check.status == "fail" and "only 10.0 GiB is free on GPU 1" in check.reason
+    assert memory_check(sample, plan, 4096, indices=(0, 2)).status == "pass"
+    # One rank (parallel.size 1) holds it all: each GPU it may run on has room for it.
+    assert memory_check(sample, plan, 4096, indices=(0, 2), ranks=1).status == "pass"
+    assert memory_check(sample, plan, 4096, indices=(1,)).status == "fail"
 
 
 def test_missing_backend_and_broken_torch_fail(tmp_path: Path) -> None:
