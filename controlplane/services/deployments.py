@@ -193,7 +193,12 @@ def checked_engine_config(data: dict[str, Any]) -> dict[str, Any]:
         raise Invalid(str(exc)) from None
 
 
-def check_parallel(deployment: Deployment, label: VersionRef, version: ModelVersion) -> None:
+def check_parallel(
+    deployment: Deployment,
+    label: VersionRef,
+    version: ModelVersion,
+    engine_config: dict[str, Any] | None = None,
+) -> None:
     """Invalid when the deployment's instances could not start their ranks: a `parallel.size`
     other than its GPUs per instance (each GPU runs one rank), or a version whose heads or
     experts do not split over them (`parallel_split_problem`, where its memory plan has them).
@@ -202,7 +207,9 @@ def check_parallel(deployment: Deployment, label: VersionRef, version: ModelVers
     instance left to the host (all its GPUs), the planner holds the size to each host's count.
     """
     # Stored configs went through `checked_engine_config`: this parses, with the defaults.
-    settings = DeploymentEngineConfig.model_validate(deployment.engine_config)
+    # ENGINE_CONFIG: the one a rollout brings instead of the deployment's.
+    chosen = deployment.engine_config if engine_config is None else engine_config
+    settings = DeploymentEngineConfig.model_validate(chosen)
     size, gpus = settings.parallel.size, deployment.gpus_per_instance
     on_cpu = settings.resources.device == "cpu"
     if settings.gpu_ranks is not None and gpus is not None and settings.gpu_ranks != gpus:

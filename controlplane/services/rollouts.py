@@ -27,7 +27,11 @@ from controlplane.rollouts.messages import (
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
 from controlplane.rollouts.webhook import check_target
 from controlplane.services.canary import locked_deployment
-from controlplane.services.deployments import checked_engine_config, get_deployment
+from controlplane.services.deployments import (
+    check_parallel,
+    checked_engine_config,
+    get_deployment,
+)
 from controlplane.services.errors import Conflict, Invalid, NotFound
 from controlplane.services.models import deployable_version, find_version
 from controlplane.services.placement import load_versions, surge_problems
@@ -108,6 +112,12 @@ def start_rollout(
         assert version.id is not None
         to_id = version.id
     config = checked_engine_config(spec.engine_config) if spec.engine_config is not None else None
+    target = session.get(ModelVersion, to_id)
+    target_model = session.get(Model, target.model_id) if target is not None else None
+    if target is not None and target_model is not None:
+        # The canary's ranks must start: the same 422 as deploy create / configure.
+        ref = VersionRef(target_model.name, target.version)
+        check_parallel(deployment, ref, target, config)
     if to_id == deployment.stable_version_id:
         if config is None:
             raise Invalid(

@@ -125,3 +125,15 @@ def test_a_size_for_all_of_a_host_s_gpus_must_be_its_gpu_count(api: Api) -> None
         "set --gpus-per-instance 4, or parallel.size 8",
     )
     assert deploy(api, "web", ["gpu-1"], engine_config={"parallel": {"size": 8}}).status_code == 201
+
+
+def test_a_rollout_to_a_version_that_does_not_split_is_refused(api: Api) -> None:
+    register_version(api, memory_plan=ARCHITECTURE)
+    register_version(api, version="v2", memory_plan={**ARCHITECTURE, "num_heads": 10})
+    gpu_host(api)
+    assert deploy(api, "web", ["gpu-1"], per_host=2, gpus_per_instance=4).status_code == 201
+    started = api.as_admin(
+        "POST", "/api/v1/deployments/web/rollout", json={"to": "v2", "canary": 50}
+    )
+    refused(started, "parallel.size 4 does not divide the 10 attention heads of demo:v2")
+    assert api.as_admin("GET", "/api/v1/deployments/web/rollout").status_code == 404
