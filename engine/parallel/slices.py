@@ -11,7 +11,7 @@ those into the reads of one rank.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -25,6 +25,9 @@ from engine.parallel.plan import RankShare, Span
 
 Index = tuple[Any, ...]
 _ALL = slice(None)
+# Bytes of a checkpoint file mapped and touched before it is reopened (see `_read_file`).
+MAPPED_WINDOW = 256 << 20
+_DTYPE_BYTES = {"F32": 4, "BF16": 2, "F16": 2}
 
 
 @dataclass(frozen=True)
@@ -114,8 +117,6 @@ def read_slices(
 ) -> ReadLog:
     """Copies every read into its parameter, file by file, through safetensors' memory map;
     checks first that the reads fill every parameter exactly once."""
-    from safetensors import safe_open
-
     reads = list(reads)
     covered: dict[str, int] = defaultdict(int)
     for read in reads:
@@ -137,17 +138,60 @@ def read_slices(
                 by_file[headers[read.name].file].append(read)
         for file, file_reads in sorted(by_file.items()):
             try:
-                with safe_open(str(file), framework="pt", device="cpu") as reader:
-                    for read in file_reads:
-                        view = reader.get_slice(read.name)
-                        tensor = view[read.source] if read.source else view[:]
-                        log.bytes_read += tensor.numel() * tensor.element_size()
-                        log.reads.append((read.name, tuple(tensor.shape)))
-                        param = params[read.param]
-                        (param[read.dest] if read.dest else param).copy_(tensor)
+                _read_file(file, file_reads, headers, params, log)
             except Exception as exc:
                 # safetensors raises its own error types for damaged files; name the file.
                 raise CheckpointError(
                     f"{file}: cannot read tensors ({exc}); re-download it"
                 ) from exc
     return log
+
+
+def _read_file(
+    file: Path,
+    reads: list[SliceRead],
+    headers: dict[str, _Header],
+    params: dict[str, torch.Tensor],
+    log: ReadLog,
+) -> None:
+    """The reads of one file. Pages of the map a read touches stay in this process's RSS
+    while the file is open (a column slice touches every row of its tensor), so the file is
+    reopened after every MAPPED_WINDOW bytes touched: RSS stays near the rank's share."""
+    from safetensors import safe_open
+
+    for run in _windows(reads, headers):
+        with safe_open(str(file), framework="pt", device="cpu") as reader:
+            for read in run:
+                view = reader.get_slice(read.name)
+                tensor = view[read.source] if read.source else view[:]
+                log.bytes_read += tensor.numel() * tensor.element_size()
+                log.reads.append((read.name, tuple(tensor.shape)))
+                param = params[read.param]
+                (param[read.dest] if read.dest else param).copy_(tensor)
+
+
+def _windows(reads: list[SliceRead], headers: dict[str, _Header]) -> Iterator[list[SliceRead]]:
+    """READS in runs that touch at most MAPPED_WINDOW bytes of the file (or one larger read)."""
+    run: list[SliceRead] = []
+    touched = 0
+    for read in reads:
+        span = _touched_bytes(headers[read.name], read.source)
+        if run and touched + span > MAPPED_WINDOW:
+            yield run
+            run, touched = [], 0
+        run.append(read)
+        touched += span
+    if run:
+        yield run
+
+
+def _touched_bytes(header: _Header, source: Index) -> int:
+    """Bytes of the file a read of SOURCE touches: the whole rows (first dimension) it reads
+    from, all of them when it slices a later dimension only."""
+    shape = header.shape
+    rows = shape[0] if shape else 1
+    first = source[0] if source else slice(None)
+    if isinstance(first, slice):
+        start, stop, _ = first.indices(rows)
+        rows = max(0, stop - start)
+    return rows * prod(shape[1:]) * _DTYPE_BYTES.get(header.dtype, 4)

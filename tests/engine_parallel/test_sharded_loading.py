@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine.loader import _checkpoint_headers, load_model
+from engine.parallel import slices
 from engine.parallel.loading import load_rank_model
 from engine.parallel.plan import ExpertPlacement, ParallelPlan
 from engine.parallel.slices import LoadedShard
@@ -79,3 +80,16 @@ def test_embedding_rows_are_read_by_vocabulary_share(sdar_dir: Path) -> None:
         for r in range(4)
     ]
     assert shapes == [[(81, 64)], [(81, 64)], [(81, 64)], [(79, 64)]]
+
+
+def test_a_file_reopened_after_every_read_loads_the_same_shard(
+    sdar_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    share = ParallelPlan(2, "tensor").share(1)
+    usual = load_rank_model(sdar_dir, share).model.state_dict()
+    # A window smaller than any tensor: the map is reopened for every read, so no more than
+    # one tensor's pages are ever mapped at once.
+    monkeypatch.setattr(slices, "MAPPED_WINDOW", 1)
+    reopened = load_rank_model(sdar_dir, share).model.state_dict()
+    assert usual.keys() == reopened.keys()
+    assert all(torch.equal(usual[k], reopened[k]) for k in usual)
