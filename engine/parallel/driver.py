@@ -47,6 +47,7 @@ from engine.parallel.messages import (
     ReleaseModel,
     SdarForward,
     cpu,
+    describe,
 )
 from engine.parallel.plan import ParallelPlan, ParallelPlanError
 from engine.parallel.slices import LoadedShard
@@ -332,8 +333,3 @@ def load_parallel_model(
     if family == "diffusion-gemma":
         return ParallelGemmaModel(group, number, loaded)
     return ParallelSdarModel(group, number, loaded)
-
-
-def describe(error: BaseException) -> str:
-    """An error as one line for another rank: its type and message."""
-    return f"{type(error).__name__}: {error}"

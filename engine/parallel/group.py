@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.parallel.messages import Stop
+
 log = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT_S = 120.0
@@ -73,6 +75,17 @@ class RankGroup:
         outcomes: list[str | None] = [None] * self.size
         dist.all_gather_object(outcomes, outcome, group=self.control)
         return outcomes
+
+    def close(self) -> None:
+        """Rank 0: stops the other ranks (their `serve_worker` returns) and leaves; the other
+        ranks: leave. A rank already gone only makes the stop fail, which is ignored."""
+        if self.is_driver and self.control is not None:
+            try:
+                with self.lock:
+                    self.send(Stop())
+            except RuntimeError:
+                pass
+        self.leave()
 
     def leave(self) -> None:
         """Destroys the process groups (this rank's part of them); their sockets close, so

@@ -28,14 +28,11 @@ import torch.distributed as dist
 
 from engine.errors import EngineError
 from engine.parallel.group import CHECK_IN, COLLECTIVE_TIMEOUT_S, RankGroup, join_group
-from engine.parallel.messages import Stop
-from engine.parallel.worker import THREADS_ENV, run_rank
+from engine.parallel.worker import LOG_FORMAT_ENV, LOG_LEVEL_ENV, THREADS_ENV, run_rank
 
 # torch._dynamo too: a model built on the meta device runs torch's reference initialisers,
 # which import it on first use (seconds of CPU in every worker otherwise).
 FORKSERVER_PRELOAD = ["engine.parallel.worker", "torch._dynamo"]
-# The environment a worker is given: these variables of ours, not the fork server's.
-_PASSED = ("PATH", "PYTHONPATH", "HOME", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 
 
 @dataclass
@@ -50,20 +47,18 @@ class LocalGroup:
         return exited(self.workers)
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Stops the workers (gracefully while they are all alive), reaps them, leaves."""
-        if not self.exited():
-            try:
-                with self.group.lock:
-                    self.group.send(Stop())
-            except RuntimeError:
-                pass  # a worker died meanwhile: the kill below reaps the rest
+        """Stops the workers (`RankGroup.close`) and reaps them; one that has not exited
+        within TIMEOUT_S is killed."""
+        if self.exited():
+            self.group.leave()  # the others fail at once; the kill below reaps them
+        else:
+            self.group.close()
         deadline = time.monotonic() + timeout_s
         for worker in self.workers:
             worker.join(max(0.0, deadline - time.monotonic()))
             if worker.exitcode is None:
                 worker.kill()
                 worker.join()
-        self.group.leave()
 
     def __enter__(self) -> LocalGroup:
         return self
@@ -85,11 +80,13 @@ def start_local_group(
     start_timeout_s: float = 120.0,
     backend: str | None = None,
     host: str = "127.0.0.1",
+    log_level: str = "info",
+    log_format: str = "kv",
 ) -> LocalGroup:
     """Starts ranks 1..SIZE-1 and joins them as rank 0. THREADS: torch's CPU threads of each
     worker (this process keeps its own setting). TIMEOUT_S: the group's collective timeout
-    (`engine.parallel.group`). Raises EngineError when a worker exits or does not check in
-    within START_TIMEOUT_S."""
+    (`engine.parallel.group`). LOG_LEVEL / LOG_FORMAT: the workers' logging (`runtime.logs`).
+    Raises EngineError when a worker exits or does not check in within START_TIMEOUT_S."""
     if size < 1:
         raise ValueError(f"a group needs at least one rank, got {size}")
     store = dist.TCPStore(
@@ -100,8 +97,10 @@ def start_local_group(
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
     )
-    env = {key: os.environ[key] for key in _PASSED if key in os.environ}
+    # This process's environment now (the fork server's is the one it started with).
+    env = dict(os.environ)
     env.update(MASTER_ADDR=host, MASTER_PORT=str(store.port), WORLD_SIZE=str(size))
+    env.update({LOG_LEVEL_ENV: log_level, LOG_FORMAT_ENV: log_format})
     if threads:
         env[THREADS_ENV] = str(threads)
     context = multiprocessing.get_context("forkserver")

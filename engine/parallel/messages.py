@@ -178,6 +178,11 @@ class Call:
 Message = LoadShard | PackWeights | ReleaseModel | Stop | Call
 
 
+def describe(error: BaseException) -> str:
+    """An error as one line for another rank: its type and message."""
+    return f"{type(error).__name__}: {error}"
+
+
 def dtype_of(name: str) -> torch.dtype:
     """The torch dtype called NAME ("float32" or "torch.float32")."""
     dtype = getattr(torch, name.removeprefix("torch."), None)

@@ -17,15 +17,17 @@ from typing import Any
 
 import torch
 
-from engine.parallel.driver import describe
 from engine.parallel.group import RankGroup, join_group
 from engine.parallel.loading import load_rank_model
-from engine.parallel.messages import Call, LoadShard, PackWeights, ReleaseModel, Stop
+from engine.parallel.messages import Call, LoadShard, PackWeights, ReleaseModel, Stop, describe
+from runtime.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
 # torch's CPU threads per rank (N ranks on one machine share its cores); else torch's default.
 THREADS_ENV = "DCTL_RANK_THREADS"
+# The rank's log level and format (`runtime.logs`: json or kv); info and kv by default.
+LOG_LEVEL_ENV, LOG_FORMAT_ENV = "DCTL_RANK_LOG_LEVEL", "DCTL_RANK_LOG_FORMAT"
 
 
 @dataclass
@@ -91,7 +93,7 @@ def run_rank(env: dict[str, str]) -> None:
 
 def main() -> int:
     """One rank > 0 of a group described by the environment; the process's exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank worker %(message)s")
+    configure_logging(os.environ.get(LOG_LEVEL_ENV, "info"), os.environ.get(LOG_FORMAT_ENV, "kv"))
     threads = os.environ.get(THREADS_ENV)
     if threads:
         torch.set_num_threads(int(threads))
@@ -99,7 +101,7 @@ def main() -> int:
     try:
         serve_worker(group)
     except Exception:
-        log.exception("rank %d failed; the group must restart", group.rank)
+        log.exception("rank failed; the group must restart", extra={"rank": group.rank})
         return 1
     group.leave()
     return 0
