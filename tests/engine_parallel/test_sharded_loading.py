@@ -5,6 +5,7 @@ group: these run every rank's load in this process.)"""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,36 @@ def test_a_file_reopened_after_every_read_loads_the_same_shard(
     reopened = load_rank_model(sdar_dir, share).model.state_dict()
     assert usual.keys() == reopened.keys()
     assert all(torch.equal(usual[k], reopened[k]) for k in usual)
+
+
+def stacked_copy(source: Path, target: Path) -> Path:
+    """SOURCE's checkpoint with its experts stacked (`mlp.experts.gate_up_proj` /
+    `down_proj`, the transformers 5 layout) instead of one tensor per expert."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    tensors = load_file(target / "model.safetensors")
+    for prefix in sorted({n.split("experts.")[0] for n in tensors if ".experts." in n}):
+        count = sum(1 for n in tensors if n.startswith(prefix) and n.endswith("down_proj.weight"))
+        part = [f"{prefix}experts.{e}." for e in range(count)]
+        gate = [tensors.pop(p + "gate_proj.weight") for p in part]
+        up = [tensors.pop(p + "up_proj.weight") for p in part]
+        gate_up = [torch.cat(pair) for pair in zip(gate, up, strict=True)]
+        down = [tensors.pop(p + "down_proj.weight") for p in part]
+        tensors[prefix + "experts.gate_up_proj"] = torch.stack(gate_up)
+        tensors[prefix + "experts.down_proj"] = torch.stack(down)
+    save_file(tensors, str(target / "model.safetensors"), {"format": "pt"})
+    return target
+
+
+@pytest.mark.parametrize("experts", ["expert", "tensor"])
+def test_stacked_experts_give_a_rank_the_same_weights_as_per_expert_tensors(
+    sdar_dir: Path, tmp_path: Path, experts: ExpertPlacement
+) -> None:
+    stacked = stacked_copy(sdar_dir, tmp_path / "stacked")
+    share = ParallelPlan(4, experts).share(2)
+    per_expert = load_rank_model(sdar_dir, share).model.state_dict()
+    from_stacked = load_rank_model(stacked, share)
+    assert any(n.endswith("experts.gate_up_proj") for n, _ in from_stacked.read_log.reads)
+    weights = from_stacked.model.state_dict()
+    assert all(torch.equal(per_expert[k], weights[k]) for k in per_expert)
