@@ -6,7 +6,9 @@ decided in one place, and the same options give the same engine whichever entry 
 Each entry point only translates its own arguments into `EngineOptions`.
 
 What depends on the model family (reading its config, planning its memory, loading its weights,
-building its core) starts in `load_family`, the one place that branches on it.
+building its core) starts in `load_family`, the one place that branches on it. A model split
+over several ranks (`engine.parallel`) is built there too, from the group rank 0 joined: each
+rank loads its share and the core drives rank 0's `RankZeroModel` as it drives a whole model.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from engine.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from engine.families.diffusion_gemma.config import DiffusionGemmaConfig
     from engine.families.diffusion_gemma.model import DiffusionGemmaModel
+    from engine.parallel.driver import ParallelModel
+    from engine.parallel.group import RankGroup
+    from engine.parallel.plan import ExpertPlacement
 
 log = logging.getLogger("engine.factory")
 
@@ -62,13 +67,15 @@ class EngineOptions:
     threads: int | None = None
     # Count tokens per MoE expert (for /metrics); off where nobody reads them.
     track_experts: bool = False
+    # Where routed experts go when the model is split over ranks (`engine.parallel.plan`).
+    experts: ExpertPlacement = "expert"
 
 
 @dataclass
 class BuiltEngine:
     """A checkpoint loaded and ready to decode: what every entry point drives."""
 
-    model: Model | DiffusionGemmaModel
+    model: Model | DiffusionGemmaModel | ParallelModel
     tokenizer: Tokenizer
     config: ModelConfig | DiffusionGemmaConfig
     core: EngineCore
@@ -77,16 +84,24 @@ class BuiltEngine:
     options: EngineOptions
 
 
-def build_engine(checkpoint_dir: str | Path, options: EngineOptions | None = None) -> BuiltEngine:
-    """Load the checkpoint in CHECKPOINT_DIR as OPTIONS say and build its core.
+def build_engine(
+    checkpoint_dir: str | Path,
+    options: EngineOptions | None = None,
+    *,
+    group: RankGroup | None = None,
+) -> BuiltEngine:
+    """Load the checkpoint in CHECKPOINT_DIR as OPTIONS say and build its core. GROUP: the
+    process group rank 0 (this process) joined, whose other ranks run `serve_worker`; the model
+    is split over it (`options.experts` placing the experts). None: one process.
 
     Raises CheckpointError for a bad checkpoint or dtype, EngineError when the memory plan does
-    not fit the device's budget.
+    not fit the device's budget, ParallelPlanError when the model does not split over GROUP.
     """
     options = options or EngineOptions()
     if options.threads:
         torch.set_num_threads(options.threads)
-    return load_family(Path(checkpoint_dir), options, resolve_device(options.device))
+    device = str(group.device) if group is not None else resolve_device(options.device)
+    return load_family(Path(checkpoint_dir), options, device, group)
 
 
 def resolve_device(requested: str) -> str:
@@ -96,13 +111,18 @@ def resolve_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_family(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
+def load_family(
+    root: Path, options: EngineOptions, device: str, group: RankGroup | None = None
+) -> BuiltEngine:
     """The model-family part of building: the one place that branches on the family
-    (`engine.families.registry`, from config.json's model_type)."""
+    (`engine.families.registry`, from config.json's model_type), and on a split model (GROUP
+    of more than one rank: `build_parallel`, either family)."""
     source = root / "config.json"
     # Without config.json the loader's own errors say what to fix (not a directory, missing).
     raw = read_checkpoint_json(source) if source.is_file() else {}
     family = family_of(raw, source=str(source)) if raw else "sdar"
+    if group is not None and group.size > 1:
+        return build_parallel(root, options, group, family)
     if family == "sdar":
         return build_sdar(root, options, device)
     if family == "diffusion-gemma":
@@ -195,6 +215,66 @@ def build_sdar(root: Path, options: EngineOptions, device: str) -> BuiltEngine:
         max_seq_len=options.max_seq_len,
     )
     return BuiltEngine(model, tokenizer, config, core, plan, device, options)
+
+
+def build_parallel(
+    root: Path, options: EngineOptions, group: RankGroup, family: str
+) -> BuiltEngine:
+    """A model of either FAMILY split over GROUP (`engine.parallel`): the plan checked against
+    the checkpoint first (ParallelPlanError naming the key and the figures), then every rank's
+    share loaded on its own device (`load_parallel_model`), weights kept as stored. The memory
+    plan logged and checked is one rank's share."""
+    from engine.parallel.driver import ParallelSdarModel, load_parallel_model
+    from engine.parallel.plan import ParallelPlan
+
+    config: ModelConfig | DiffusionGemmaConfig
+    if family == "diffusion-gemma":
+        from engine.families.diffusion_gemma import memory as dg_memory
+        from engine.families.diffusion_gemma.weights import load_diffusion_gemma_config
+
+        config = load_diffusion_gemma_config(root)
+        plan_dtype = canonical_dtype(resolve_dtype(options.dtype, config.torch_dtype))
+        whole = dg_memory.plan_memory(
+            config, plan_dtype, options.max_batch_size, options.max_seq_len
+        )
+    else:
+        config = load_checkpoint_config(root)
+        plan_dtype = canonical_dtype(resolve_dtype(options.dtype, config.torch_dtype))
+        whole = plan_memory(config, plan_dtype, options.max_batch_size, options.max_seq_len)
+    parallel = ParallelPlan(group.size, options.experts)
+    parallel.check(config)
+    device = str(group.device)
+    log.info(
+        "memory plan",
+        extra={"device": device, "dtype": plan_dtype, "ranks": group.size, **whole.to_dict()},
+    )
+    if device.startswith("cuda"):
+        # Each rank holds about 1 / N of the weights and of the K/V heads.
+        reserve_gpu_memory(whole.total_bytes // group.size, device, options.memory_fraction)
+    start = time.perf_counter()
+    model = load_parallel_model(group, root, parallel, dtype=options.dtype)
+    tokenizer = load_tokenizer(root)
+    log.info(
+        "weights loaded",
+        extra={
+            "path": str(root),
+            "ranks": group.size,
+            "experts": parallel.experts,
+            "rank_weights_bytes": model.weight_bytes(),
+            "seconds": round(time.perf_counter() - start, 3),
+            "dtype": str(model.dtype).removeprefix("torch."),
+        },
+    )
+    if isinstance(model, ParallelSdarModel):
+        pack_weights(model, options.packed_weights)  # type: ignore[arg-type]
+        model.track_experts(options.track_experts)
+    core = EngineCore(
+        model,
+        tokenizer,
+        max_batch_size=options.max_batch_size,
+        max_seq_len=options.max_seq_len,
+    )
+    return BuiltEngine(model, tokenizer, config, core, whole, device, options)
 
 
 def reserve_gpu_memory(needed_bytes: int, device: str, fraction: float | None) -> None:

@@ -158,6 +158,12 @@ class EngineMetrics:
         for reason in ("stop", "length", "abort"):
             self.requests_finished.labels(finish_reason=reason)
         self.model_info = Info("dllm_model", "The model this server serves.", registry=r)
+        # Rank 0 exports the instance's figures once; the other ranks export nothing.
+        self.parallel_ranks = Gauge(
+            "dllm_parallel_ranks",
+            "Processes (torch.distributed ranks) the served model is split over; 1: one process.",
+            registry=r,
+        )
         self.expert_tokens = ExpertTokenCollector()
         r.register(self.expert_tokens)
 

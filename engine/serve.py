@@ -5,6 +5,12 @@ port at once so `/health/live` answers while the weights load in a background th
 warm-up generation; only after it does `/health/ready` turn 200. SIGTERM (or Ctrl-C) drains:
 readiness goes 503, new requests get 503, running ones finish within `shutdown_grace_s`, then
 the process exits 0. A second signal exits at once.
+
+With `parallel.size` N > 1 this process is rank 0 of the instance (`engine.serve_ranks`): the
+loading thread checks the plan against the checkpoint, starts ranks 1..N-1 and builds the
+split model through all of them; the warm-up runs on every rank, so ready means every rank
+loaded. A rank that dies ends this process with exit code 1; a drain ends by stopping the
+other ranks, each exiting 0.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from runtime.logs import configure_logging
 
 if TYPE_CHECKING:
     from engine.factory import EngineOptions
+    from engine.parallel.group import RankGroup
+    from engine.serve_ranks import ServedRanks
 
 log = logging.getLogger("engine.serve")
 
@@ -42,6 +50,9 @@ def build_parser(prog: str = "python -m engine.serve") -> argparse.ArgumentParse
         description="Serve a block-diffusion checkpoint over an OpenAI-compatible HTTP API.",
     )
     parser.add_argument("--config", help="YAML configuration file")
+    parser.add_argument(
+        "checkpoint", nargs="?", metavar="DIR", help="the checkpoint to serve (as --model DIR)"
+    )
     for flag, key in FLAGS.items():
         parser.add_argument(f"--{flag}", dest=key, metavar="VALUE", help=f"overrides {key}")
     return parser
@@ -51,6 +62,14 @@ def read_config(argv: Sequence[str] | None, prog: str = "python -m engine.serve"
     """Parse the command line into a validated configuration (ServeConfigError if bad)."""
     args = vars(build_parser(prog).parse_args(argv))
     path = args.pop("config")
+    checkpoint = args.pop("checkpoint")
+    if checkpoint is not None:
+        if args.get("model.path") not in (None, checkpoint):
+            raise ServeConfigError(
+                f"model.path: the checkpoint is given twice ({checkpoint} and --model "
+                f"{args['model.path']}); give one"
+            )
+        args["model.path"] = checkpoint
     overrides = {key: value for key, value in args.items() if value is not None}
     return load_serve_config(path, overrides)
 
@@ -58,9 +77,11 @@ def read_config(argv: Sequence[str] | None, prog: str = "python -m engine.serve"
 # ---- model loading -----------------------------------------------------------------------
 
 
-def engine_options(config: ServeConfig) -> EngineOptions:
-    """The `engine.factory.EngineOptions` this configuration asks for."""
+def engine_options(config: ServeConfig, ranks: int = 1) -> EngineOptions:
+    """The `engine.factory.EngineOptions` this configuration asks for, for one of RANKS ranks
+    (`engine.serve_ranks.rank_threads`)."""
     from engine.factory import EngineOptions
+    from engine.serve_ranks import rank_threads
 
     m, svc, res = config.model, config.service, config.resources
     return EngineOptions(
@@ -71,13 +92,15 @@ def engine_options(config: ServeConfig) -> EngineOptions:
         packed_weights=m.packed_weights,
         resident_weights=m.resident_weights,
         memory_fraction=res.memory_fraction,
-        threads=res.threads,
+        threads=rank_threads(config, ranks),
         track_experts=True,
+        experts=config.parallel.experts,
     )
 
 
-def load_served_model(config: ServeConfig, state: Any) -> Any:
-    """Build the engine (`engine.factory`), warm it up, start it; return the ServedModel."""
+def load_served_model(config: ServeConfig, state: Any, group: RankGroup | None = None) -> Any:
+    """Build the engine (`engine.factory`; split over GROUP's ranks when given), warm it up,
+    start it; return the ServedModel."""
     from engine.api_requests import default_params
     from engine.async_engine import AsyncEngine
     from engine.errors import InvalidParams
@@ -85,7 +108,8 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
     from engine.serving import ServedModel
 
     m, svc = config.model, config.service
-    built = build_engine(m.path, engine_options(config))
+    ranks = group.size if group is not None else 1
+    built = build_engine(m.path, engine_options(config, ranks), group=group)
     model, tokenizer, core = built.model, built.tokenizer, built.core
     default_block = m.block_size or core.default_block_size
     start = time.perf_counter()
@@ -114,7 +138,10 @@ def load_served_model(config: ServeConfig, state: Any) -> Any:
         compute_dtype=str(model.compute_dtype).removeprefix("torch."),
         weights_layout=model.weights_layout,
         device=built.device,
+        parallel_size=str(ranks),
+        experts=config.parallel.experts,
     )
+    state.metrics.parallel_ranks.set(ranks)
     state.metrics.kv_cache_total.set(core.kv_cache_bytes_total)
     state.metrics.max_queue.set(svc.max_queue)
     engine = AsyncEngine(
@@ -144,6 +171,7 @@ def run(config: ServeConfig) -> int:
     prometheus_client.disable_created_metrics()
     state = ServerState(config=config, metrics=EngineMetrics())
     exit_code = EXIT_OK
+    ranks: ServedRanks | None = None  # the instance's other ranks, when it has several
 
     class EngineServer(uvicorn.Server):
         """uvicorn, with SIGTERM meaning 'drain' instead of 'close the socket now'."""
@@ -198,9 +226,13 @@ def run(config: ServeConfig) -> int:
         server.should_exit = True
 
     def load_in_background(loop: asyncio.AbstractEventLoop) -> None:
-        nonlocal exit_code
+        nonlocal exit_code, ranks
+        from engine.serve_ranks import start_ranks
+
         try:
-            state.model = load_served_model(config, state)
+            ranks = start_ranks(config)
+            group = ranks.local.group if ranks is not None else None
+            state.model = load_served_model(config, state, group)
             log.info("ready", extra={"model": config.model.name})
         except Exception as exc:
             state.failure = f"{type(exc).__name__}: {exc}"
@@ -218,6 +250,8 @@ def run(config: ServeConfig) -> int:
         yield
         if state.model is not None:
             state.model.engine.shutdown()
+        if ranks is not None:
+            ranks.close()  # after the engine's last step: the other ranks exit 0
 
     app = create_app(state)
     app.router.lifespan_context = lifespan

@@ -80,18 +80,20 @@ def start_local_group(
     start_timeout_s: float = 120.0,
     backend: str | None = None,
     host: str = "127.0.0.1",
+    port: int = 0,
     log_level: str = "info",
     log_format: str = "kv",
 ) -> LocalGroup:
     """Starts ranks 1..SIZE-1 and joins them as rank 0. THREADS: torch's CPU threads of each
     worker (this process keeps its own setting). TIMEOUT_S: the group's collective timeout
-    (`engine.parallel.group`). LOG_LEVEL / LOG_FORMAT: the workers' logging (`runtime.logs`).
+    (`engine.parallel.group`). HOST / PORT: the rendezvous (port 0: a free one, the kernel's
+    choice). LOG_LEVEL / LOG_FORMAT: the workers' logging (`runtime.logs`).
     Raises EngineError when a worker exits or does not check in within START_TIMEOUT_S."""
     if size < 1:
         raise ValueError(f"a group needs at least one rank, got {size}")
     store = dist.TCPStore(
         host,
-        0,
+        port,
         size,
         is_master=True,
         timeout=timedelta(seconds=timeout_s),
