@@ -316,7 +316,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"checkpoint: random weights, {name} shape, written by the demo writer")
         with tempfile.TemporaryDirectory() as tmp:
             run(create_diffusion_gemma_demo(Path(tmp) / "dg", shape=shape), args)
-    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    after = os.getloadavg()
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in after)}")
+    cores = os.cpu_count() or 1
+    if max(after[:2]) > cores:
+        # Oversubscribed: both clocks lie (OpenMP threads spin while they wait for a core).
+        print(f"warning: more runnable processes than the {cores} cores during the run; rerun")
 
 
 if __name__ == "__main__":
