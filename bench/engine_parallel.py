@@ -197,17 +197,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--checkpoint", type=Path, default=None)
     parser.add_argument("--side", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, for the tests")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.batch, args.prompt, args.max_tokens, args.steps, args.repeats = 2, 8, 8, 2, 1
     args.threads = args.threads or len(os.sched_getaffinity(0))
     if args.side is not None:
         print(json.dumps(run_side(args)))
         return 0
     with tempfile.TemporaryDirectory(prefix="bench-parallel-") as tmp:
-        if args.checkpoint is None:
+        if args.checkpoint is None and args.smoke:
+            from engine.demo_checkpoint import create_demo_checkpoint
+
+            args.checkpoint = create_demo_checkpoint(Path(tmp) / "tiny", seed=0, size="tiny")
+        elif args.checkpoint is None:
             args.checkpoint = write_checkpoint(Path(tmp) / "bench")
         given = list(argv if argv is not None else sys.argv[1:])
         forwarded = [a for i, a in enumerate(given) if not a.startswith("--threads")
-                     and not (i and given[i - 1] == "--threads")]  # fmt: skip
+                     and not (i and given[i - 1] == "--threads") and a != "--smoke"]  # fmt: skip
+        if args.smoke:
+            forwarded += ["--batch", "2", "--prompt", "8", "--max-tokens", "8", "--steps", "2",
+                          "--repeats", "1"]  # fmt: skip
         share = max(1, args.threads // args.ranks)
         results = []
         for side, threads in ((1, args.threads), (1, share), (args.ranks, args.threads)):

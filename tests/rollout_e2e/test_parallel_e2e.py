@@ -16,8 +16,8 @@ import pytest
 
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
 from tests.agent_e2e.conftest import boot_stack, stop_stack, wait_for
-from tests.engine_server.test_parallel_serve import alive, worker_ranks
 from tests.gateway_e2e.conftest import Fleet
+from tests.processes import alive, worker_ranks
 from tests.rollout_e2e.conftest import BASE_CONFIG, Load, RolloutFleet
 
 HOST = "par-host"
