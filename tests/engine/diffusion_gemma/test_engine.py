@@ -14,7 +14,10 @@ from engine.families.diffusion_gemma.model import DiffusionGemmaModel
 from engine.loader import load_model, load_tokenizer
 from engine.params import SamplingParams
 from engine.tokenizer import Tokenizer
-from tests.engine.decoding_fixtures import run_core
+from tests.engine.decoding_fixtures import one_thread, run_core
+
+# Tiny matmuls on one thread: on a loaded 2-core machine two threads made this file 15x slower.
+pytestmark = pytest.mark.usefixtures(one_thread.__name__)
 
 # How much of each residual branch is kept (see `parts`).
 BRANCH_SCALE = 0.2
