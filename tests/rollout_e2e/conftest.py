@@ -4,18 +4,21 @@ registered), `dctl gateway` in front, and a steady trickle of client requests th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from tests.agent_e2e.conftest import DCTL, boot_stack, stop_stack, wait_for
+from tests.agent_e2e.conftest import DCTL, Stack, boot_stack, stop_stack, wait_for
 from tests.gateway_e2e.conftest import Fleet
 
 HOST = "ro-host"
@@ -117,26 +120,36 @@ class RolloutFleet:
 
 
 # Module scope: the load stops with the module, not in the middle of other tests' logs.
-@pytest.fixture(scope="module")
-def rollout_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFleet]:
-    home = tmp_path_factory.mktemp("rofleet")
-    stack = boot_stack(home, HOST)
+@contextlib.contextmanager
+def serving_fleet(
+    home: Path,
+    stack: Stack,
+    register: Callable[[Stack], None],
+    *,
+    gpus_per_instance: int = 1,
+    engine_config: dict[str, Any] = BASE_CONFIG,
+    load_threads: int = 3,
+    ready_timeout_s: float = 180,
+    host: str = HOST,
+) -> Iterator[RolloutFleet]:
+    """A booted STACK made a serving fleet: REGISTER adds the model versions, then the agent
+    registers, deployment `demo` runs demo:v1 on two instances, a gateway serves it and a load
+    of LOAD_THREADS clients runs (HOST: the name STACK's agent registers); everything is
+    stopped on the way out."""
     api, env = stack.api, stack.env
     fleet = Fleet(stack, home / "gateway-token", "")
     load = None
     try:
-        for version, seed in (("v1", "0"), ("v2", "1"), ("v3", "2")):
-            path = home / f"ckpt-{version}"
-            stack.dctl("model", "create-demo", str(path), "--random", "--seed", seed)
-            stack.dctl("model", "register", f"demo:{version}", str(path))
+        register(stack)
         boot_token = api.create_token(TokenCreate(name="ro-boot", role="bootstrap", uses=1))
         stack.env = {**env, "DCTL_BOOTSTRAP_TOKEN": boot_token.secret}
         stack.start_agent()
-        wait_for("the host to register", lambda: api.get_host(HOST), 120)
+        wait_for("the host to register", lambda: api.get_host(host), 120)
         api.create_deployment(
             DeploymentCreate(
-                name="demo", model="demo", version="v1", placement=Placement(hosts=[HOST]),
-                instances_per_host=2, gpus_per_instance=1, engine_config=BASE_CONFIG,
+                name="demo", model="demo", version="v1", placement=Placement(hosts=[host]),
+                instances_per_host=2, gpus_per_instance=gpus_per_instance,
+                engine_config=engine_config,
             )
         )  # fmt: skip
         gw_token = api.create_token(TokenCreate(name="gw", role="gateway")).secret
@@ -145,11 +158,11 @@ def rollout_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutF
             handle.write(gw_token + "\n")
         fleet.client_token = api.create_token(TokenCreate(name="app", role="client")).secret
         ro = RolloutFleet(fleet, Load("", fleet.client_token))
-        ro.all_ready("v1")
+        ro.all_ready("v1", timeout_s=ready_timeout_s)
         gateway = fleet.start_gateway("gateway-1")
         load = ro.load
         load.url = gateway.url
-        load.start()
+        load.start(threads=load_threads)
         yield ro
     finally:
         if load is not None:
@@ -157,3 +170,17 @@ def rollout_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutF
         for gateway in fleet.gateways:
             gateway.stop()
         stop_stack(stack)
+
+
+@pytest.fixture(scope="module")
+def rollout_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFleet]:
+    home = tmp_path_factory.mktemp("rofleet")
+
+    def register(stack: Stack) -> None:
+        for version, seed in (("v1", "0"), ("v2", "1"), ("v3", "2")):
+            path = home / f"ckpt-{version}"
+            stack.dctl("model", "create-demo", str(path), "--random", "--seed", seed)
+            stack.dctl("model", "register", f"demo:{version}", str(path))
+
+    with serving_fleet(home, boot_stack(home, HOST), register) as ro:
+        yield ro

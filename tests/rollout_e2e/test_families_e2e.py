@@ -7,7 +7,6 @@ tests share one fleet, in file order."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +18,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from protocol.rest import DeploymentCreate, Placement, TokenCreate
 from protocol.rollout_states import RolloutState
 from protocol.rollouts import RolloutOut
-from tests.agent_e2e.conftest import boot_stack, stop_stack, wait_for
-from tests.gateway_e2e.conftest import Fleet
-from tests.rollout_e2e.conftest import BASE_CONFIG, Load, RolloutFleet
+from tests.agent_e2e.conftest import Stack, boot_stack, wait_for
+from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet, serving_fleet
 
 HOST = "fam-host"
 SDAR, DG = "demo:v1", "demo:v2"
@@ -40,11 +37,8 @@ INTERVAL_S = 25
 def family_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFleet]:
     """Deployment `demo` on demo:v1 (SDAR, two engines), a gateway, and a steady load."""
     home = tmp_path_factory.mktemp("famfleet")
-    stack = boot_stack(home, HOST)
-    api, env = stack.api, stack.env
-    fleet = Fleet(stack, home / "gateway-token", "")
-    load = None
-    try:
+
+    def register(stack: Stack) -> None:
         stack.dctl("model", "create-demo", str(home / "ckpt-sdar"), "--random")
         stack.dctl(
             "model", "create-demo", str(home / "ckpt-dg"), "--random", "--family",
@@ -52,34 +46,9 @@ def family_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFl
         )  # fmt: skip
         stack.dctl("model", "register", SDAR, str(home / "ckpt-sdar"))
         stack.dctl("model", "register", DG, str(home / "ckpt-dg"))
-        boot_token = api.create_token(TokenCreate(name="fam-boot", role="bootstrap", uses=1))
-        stack.env = {**env, "DCTL_BOOTSTRAP_TOKEN": boot_token.secret}
-        stack.start_agent()
-        wait_for("the host to register", lambda: api.get_host(HOST), 120)
-        api.create_deployment(
-            DeploymentCreate(
-                name="demo", model="demo", version="v1", placement=Placement(hosts=[HOST]),
-                instances_per_host=2, gpus_per_instance=1, engine_config=BASE_CONFIG,
-            )
-        )  # fmt: skip
-        gw_token = api.create_token(TokenCreate(name="gw", role="gateway")).secret
-        fd = os.open(fleet.gateway_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(gw_token + "\n")
-        fleet.client_token = api.create_token(TokenCreate(name="app", role="client")).secret
-        ro = RolloutFleet(fleet, Load("", fleet.client_token))
-        ro.all_ready("v1")
-        gateway = fleet.start_gateway("gateway-1")
-        load = ro.load
-        load.url = gateway.url
-        load.start(threads=2)
+
+    with serving_fleet(home, boot_stack(home, HOST), register, load_threads=2, host=HOST) as ro:
         yield ro
-    finally:
-        if load is not None:
-            load.stop()
-        for gateway in fleet.gateways:
-            gateway.stop()
-        stop_stack(stack)
 
 
 def client_of(ro: RolloutFleet) -> openai.OpenAI:

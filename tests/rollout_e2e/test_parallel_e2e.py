@@ -14,11 +14,9 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from protocol.rest import DeploymentCreate, Placement, TokenCreate
-from tests.agent_e2e.conftest import boot_stack, stop_stack, wait_for
-from tests.gateway_e2e.conftest import Fleet
+from tests.agent_e2e.conftest import Stack, boot_stack, wait_for
 from tests.processes import alive, worker_ranks
-from tests.rollout_e2e.conftest import BASE_CONFIG, Load, RolloutFleet
+from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet, serving_fleet
 
 HOST = "par-host"
 # Ranks are CPU processes (gloo) with one torch thread each: two instances of two ranks on a
@@ -38,40 +36,16 @@ def parallel_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rollout
     stack.agent_args = [
         "4xH200" if arg == "2xH200" else arg for arg in stack.agent_args
     ]  # four fake GPUs: two instances of two
-    api, env = stack.api, stack.env
-    fleet = Fleet(stack, home / "gateway-token", "")
-    load = None
-    try:
+
+    def register(stack: Stack) -> None:
         stack.dctl("model", "create-demo", str(home / "ckpt"), "--random")
         stack.dctl("model", "register", "demo:v1", str(home / "ckpt"))
-        boot_token = api.create_token(TokenCreate(name="par-boot", role="bootstrap", uses=1))
-        stack.env = {**env, "DCTL_BOOTSTRAP_TOKEN": boot_token.secret}
-        stack.start_agent()
-        wait_for("the host to register", lambda: api.get_host(HOST), 120)
-        api.create_deployment(
-            DeploymentCreate(
-                name="demo", model="demo", version="v1", placement=Placement(hosts=[HOST]),
-                instances_per_host=2, gpus_per_instance=2, engine_config=PARALLEL_CONFIG,
-            )
-        )  # fmt: skip
-        gw_token = api.create_token(TokenCreate(name="gw", role="gateway")).secret
-        fd = os.open(fleet.gateway_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(gw_token + "\n")
-        fleet.client_token = api.create_token(TokenCreate(name="app", role="client")).secret
-        ro = RolloutFleet(fleet, Load("", fleet.client_token))
-        ro.all_ready("v1", timeout_s=300)
-        gateway = fleet.start_gateway("gateway-1")
-        load = ro.load
-        load.url = gateway.url
-        load.start(threads=2)
+
+    with serving_fleet(
+        home, stack, register, gpus_per_instance=2, engine_config=PARALLEL_CONFIG,
+        load_threads=2, ready_timeout_s=300, host=HOST,
+    ) as ro:  # fmt: skip
         yield ro
-    finally:
-        if load is not None:
-            load.stop()
-        for gateway in fleet.gateways:
-            gateway.stop()
-        stop_stack(stack)
 
 
 def engine_pids(ro: RolloutFleet) -> dict[int, int]:
