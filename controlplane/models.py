@@ -265,7 +265,7 @@ class Rollout(SQLModel, table=True):
     - `restart`: the deployment's engines replaced one at a time (`progress` holds the queue);
     - `manual`: a canary held where the operator sets it (`dctl deploy canary`), no timed plan.
 
-    At most one is active (`protocol.rollouts.ACTIVE_STATES`) per deployment.
+    At most one is active (`protocol.rollout_states.ACTIVE_STATES`) per deployment.
     """
 
     id: int | None = Field(default=None, primary_key=True)

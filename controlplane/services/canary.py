@@ -23,6 +23,7 @@ from controlplane.services.models import find_version
 from controlplane.services.placement import active_rollouts
 from protocol.gateway import CanarySet
 from protocol.rollout_states import RolloutKind, RolloutPhase
+from protocol.version_ref import VersionRef
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def set_canary(session: Session, now: datetime, actor: str, name: str, spec: Can
         raise NotFound(f"version {spec.version!r} of model {model.name!r}")
     version = found[1]
     assert version.id is not None
-    label = f"{model.name}:{version.version}"
+    label = str(VersionRef(model.name, version.version))
     if version.id == deployment.stable_version_id:
         raise Conflict(
             f"{label} is the stable version of deployment {name}: a canary runs another version"
