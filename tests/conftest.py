@@ -5,7 +5,7 @@ process stacks (control plane, agents, engines, gateways, sshd, Prometheus), `fu
 property-based fuzzing of the APIs, `slow` for single tests that take long. `make test-fast`
 deselects all three.
 
-Under `pytest -n N --dist loadgroup` (`make test-parallel`, `make test-fast`) a test with an
+Under `pytest -n N --dist loadgroup` (`make test`, `make test-fast`) a test with an
 `xdist_group` runs on that group's worker. Each e2e directory is one group, so its stack (a
 session or module fixture) is built once, not by every worker. A test elsewhere that uses a
 module-scoped fixture (a real server, a checkpoint) is grouped with its module's other such

@@ -1,6 +1,6 @@
 """`dctl up --demo`: one command brings up control plane, agent, engines and gateway, ready for
-a canary rollout, with demo traffic; Ctrl-C stops all, and so does a hang-up, even once the
-demo's stdout is gone."""
+a canary rollout, with demo traffic; Ctrl-C stops all, and so do SIGTERM and a hang-up, even once
+the demo's stdout is gone."""
 
 from __future__ import annotations
 
@@ -324,4 +324,24 @@ def test_a_hang_up_stops_everything_though_the_terminal_is_gone(tmp_path: Path) 
         up.kill()
         _kill(tree)
     assert code == 0, shown.decode(errors="replace")
+    assert _still_running(tree) == []
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_stops_everything(tmp_path: Path) -> None:
+    # A service manager or `kill`: SIGTERM to dctl up alone, its output going to a file.
+    log = tmp_path / "up.log"
+    with log.open("wb") as out:
+        up = _demo_up(tmp_path, out, subprocess.STDOUT)
+    tree: dict[int, tuple[str, str]] = {}
+    try:
+        tree = _everything_it_started(up, log.read_text)
+        up.send_signal(signal.SIGTERM)
+        code = up.wait(timeout=240)
+    finally:
+        up.kill()
+        _kill(tree)
+    shown = log.read_text()
+    assert code == 0, shown
+    assert "stopping the demo" in shown and "Traceback" not in shown, shown
     assert _still_running(tree) == []
