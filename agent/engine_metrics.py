@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from agent.backends.metric_names import is_foreign, renamed
 from protocol.wire import HistogramDelta, InstanceMetrics
 
 # Label sets whose size grows with the model (layer x expert) stay out of the heartbeat: the
@@ -46,38 +47,54 @@ class Scrape:
 
 
 def parse_metrics(text: str) -> Scrape:
-    """Parse Prometheus text exposition into counters, histograms and gauges."""
+    """Parse Prometheus text exposition into counters, histograms and gauges; another engine's
+    series (vLLM, SGLang, llama.cpp) under the dctl engine's names (`metric_names.renamed`)."""
     scrape = Scrape()
     for family in text_string_to_metric_families(text):
+        # A renamed series may gather several of theirs (label sets we drop): those add up.
+        adds = is_foreign(family.name)
         for sample in family.samples:
             if not math.isfinite(sample.value):
                 continue  # NaN (an empty summary) or Inf: heartbeats carry finite numbers only
-            labels = dict(sample.labels)
+            named = renamed(family.name, sample.name, dict(sample.labels))
+            if named is None:
+                continue
+            family_name, sample_name, labels = named
             if _SKIPPED_LABELS & labels.keys():
-                if sample.name == EXPERT_TOKENS and "expert" in labels:
+                if sample_name == EXPERT_TOKENS and "expert" in labels:
                     scrape.experts[(labels.get("layer", "0"), labels["expert"])] = sample.value
                 continue
-            if family.type == "counter" and sample.name.endswith("_total"):
-                if len(scrape.counters) < MAX_COUNTERS:
-                    scrape.counters[series_key(sample.name, labels)] = sample.value
+            if family.type == "counter" and sample_name.endswith("_total"):
+                _put(scrape.counters, series_key(sample_name, labels), sample.value, adds,
+                     MAX_COUNTERS)  # fmt: skip
             elif family.type == "gauge":
-                if len(scrape.gauges) < MAX_GAUGES:
-                    scrape.gauges[series_key(sample.name, labels)] = sample.value
+                _put(scrape.gauges, series_key(sample_name, labels), sample.value, adds,
+                     MAX_GAUGES)  # fmt: skip
             elif family.type == "histogram":
                 le = labels.pop("le", None)
-                key = series_key(family.name, labels)
+                key = series_key(family_name, labels)
                 if key not in scrape.histograms:
                     if len(scrape.histograms) >= MAX_HISTOGRAMS:
                         continue
                     scrape.histograms[key] = HistogramDelta()
                 hist = scrape.histograms[key]
-                if sample.name.endswith("_bucket") and le is not None:
-                    hist.buckets[le] = sample.value
-                elif sample.name.endswith("_sum"):
-                    hist.sum = sample.value
-                elif sample.name.endswith("_count"):
-                    hist.count = sample.value
+                base = 0.0
+                if sample_name.endswith("_bucket") and le is not None:
+                    base = hist.buckets.get(le, 0.0) if adds else 0.0
+                    hist.buckets[le] = base + sample.value
+                elif sample_name.endswith("_sum"):
+                    hist.sum = (hist.sum if adds else 0.0) + sample.value
+                elif sample_name.endswith("_count"):
+                    hist.count = (hist.count if adds else 0.0) + sample.value
     return scrape
+
+
+def _put(values: dict[str, float], key: str, value: float, adds: bool, limit: int) -> None:
+    """VALUES[KEY] = VALUE (added to what is there when ADDS), if the key fits under LIMIT."""
+    if key in values:
+        values[key] = values[key] + value if adds else value
+    elif len(values) < limit:
+        values[key] = value
 
 
 def expert_load(now: Scrape, before: Scrape) -> dict[str, float]:

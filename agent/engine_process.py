@@ -260,11 +260,11 @@ class HttpMetricsScraper:
         # Engines already warned about, and why ("large", "slow"), until a scrape succeeds.
         self._warned: set[tuple[str, int, str]] = set()
 
-    def __call__(self, host: str, port: int) -> str | None:
-        """The exposition text, or None when the engine does not answer 200, sends a body over
-        the limit, or takes longer than the deadline (that scrape is dropped whole; the next one
-        tries again)."""
-        url = engine_url(host, port, "/metrics", self._tls)
+    def __call__(self, host: str, port: int, path: str = "/metrics") -> str | None:
+        """The exposition text at PATH, or None when the engine does not answer 200, sends a
+        body over the limit, or takes longer than the deadline (that scrape is dropped whole;
+        the next one tries again)."""
+        url = engine_url(host, port, path, self._tls)
         deadline = self._clock() + self._deadline_s
         try:
             # Uncompressed, so the limit bounds what is held, not what a small gzip expands to.

@@ -41,7 +41,8 @@ from protocol.wire import (
 
 log = logging.getLogger("dctl.agent")
 # (engine address, port) -> the engine's /metrics text, None when it did not answer.
-MetricsFetcher = Callable[[str, int], str | None]
+# (address, port, path) -> the exposition text, or None.
+MetricsFetcher = Callable[[str, int, str], str | None]
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Agent:
         self.supervisor = supervisor
         self.link = link
         self.metrics = metrics or AgentMetrics()
-        self.fetch_metrics = fetch_metrics or (lambda host, port: None)
+        self.fetch_metrics = fetch_metrics or (lambda host, port, path: None)
         self.clock = clock
         self.identities = IdentityStore(config.data_dir / "agent")
         self.identity: AgentIdentity | None = None
@@ -194,8 +195,8 @@ class Agent:
         if identity is None:
             return None
         sample = self.sample_gpus()
-        for instance_id, (host, port) in self.supervisor.ready_endpoints().items():
-            text = self.fetch_metrics(host, port)
+        for instance_id, (host, port, path) in self.supervisor.ready_endpoints().items():
+            text = self.fetch_metrics(host, port, path)
             if text is not None:
                 self.engine_metrics.record(instance_id, text)
                 running = self.engine_metrics.latest_gauge(instance_id, "dllm_requests_running")

@@ -173,13 +173,19 @@ class Reconciler:
         self._waiting[instance_id] = (InstanceState.FAILED, reason)
 
     def _spec(self, desired: DesiredInstance, snapshot: Path) -> InstanceSpec:
+        gpus = tuple(desired.gpu_indices)
+        engine = desired.engine_config.get("engine") if desired.engine_config else None
+        if not gpus and isinstance(engine, dict) and engine.get("kind", "dctl") != "dctl":
+            # "Every GPU of the host", spelled out: another engine's tensor parallel size
+            # (and a command's {gpus}) is the count. The dctl engine counts them itself.
+            gpus = tuple(d.index for d in self._sample.devices) if self._sample else ()
         return InstanceSpec(
             instance_id=desired.instance_id,
             deployment=desired.deployment,
             digest=desired.model.digest,
             snapshot_path=str(snapshot),
             port=desired.port,
-            gpu_indices=tuple(desired.gpu_indices),
+            gpu_indices=gpus,
             engine_config=desired.engine_config,
             device=self.engine_device,
             bind_address=desired.bind_address,

@@ -8,10 +8,11 @@ GPUs' `EngineLoad`, the pid file's `PidRecord`, and the `ExitInfo` of an engine 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from agent.backends.launch import Probes
 from agent.engine_process import EngineProcess, PidRecord, log_tail
 from agent.gpu import EngineLoad
 from agent.instance_spec import InstanceSpec
@@ -40,6 +41,7 @@ class SupervisedInstance:
     message: str = ""
     note: str = ""  # said by the agent about this instance (e.g. its new snapshot was refused)
     busy_ratio: float = 0.0
+    probes: Probes = field(default_factory=Probes)  # where its engine kind is probed and scraped
 
     def observed(self) -> ObservedInstance:
         """This instance as the heartbeat reports it."""

@@ -30,8 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
+from agent.backends.launch import engine_of, plan_launch, probes, saved_api_key
+from agent.backends.presence import EnginePresence
 from agent.engine_process import (
     SIGKILL,
     SIGTERM,
@@ -45,7 +45,6 @@ from agent.gpu import EngineLoad
 from agent.instance_spec import (
     InstanceSpec,
     SupervisorPolicy,
-    api_key_in,
     engine_config,
     threads_note,
 )
@@ -53,6 +52,7 @@ from agent.private_files import private_dir, write_private
 from agent.rank_group import DISTRIBUTED_ENV, free_local_port, rendezvous_env
 from agent.supervised_instance import SupervisedInstance, exit_info
 from protocol.engine_config import ServeConfigError
+from protocol.engine_kinds import DctlEngine
 from protocol.plain_text import printable
 from protocol.wire import ExitInfo, InstanceState, ObservedInstance
 
@@ -76,6 +76,7 @@ class Supervisor:
         on_transition: TransitionCallback | None = None,
         env: dict[str, str] | None = None,
         rendezvous_port: Callable[[], int] = free_local_port,
+        presence: EnginePresence | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.launcher, self.prober, self.clock = launcher, prober, clock
@@ -89,6 +90,7 @@ class Supervisor:
             for k, v in base_env.items()
             if not k.startswith("DCTL_") and k not in DISTRIBUTED_ENV
         }
+        self.presence = presence or EnginePresence(sys.executable, self.env.get("PATH"))
         self._instances: dict[int, SupervisedInstance] = {}
         private_dir(run_dir)
 
@@ -188,15 +190,22 @@ class Supervisor:
         spec = inst.spec
         config_path = self.config_path(spec.instance_id)
         try:
-            config = engine_config(spec)
+            plan = plan_launch(spec, config_path, self.engine_command, self.rendezvous_port)
         except ServeConfigError as exc:
             # Restarting cannot fix a config; only a new desired state can (`ensure`).
             inst.process = None
             self._set(inst, InstanceState.FAILED, f"engine config refused: {exc}")
             return
+        presence = self.presence.check(engine_of(spec))
+        if presence is not None and not presence.found:
+            # Nor can it install an engine: failed (not a crash loop) until a start finds it.
+            inst.process = None
+            self._set(inst, InstanceState.FAILED, printable(f"engine not found: {presence.text}"))
+            return
         log_path = self.log_path(spec.instance_id)
         try:
-            write_private(config_path, yaml.safe_dump(config, sort_keys=True))
+            for path, text in plan.files.items():
+                write_private(path, text)
             log_path.parent.mkdir(parents=True, exist_ok=True)
             rotate_log(log_path, self.policy.log_keep)
         except OSError as exc:  # e.g. a full disk: worth retrying, like a failed launch
@@ -206,13 +215,14 @@ class Supervisor:
         env = dict(self.env)
         if spec.gpu_indices:  # none given: every GPU this host has (the agent's own view)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in spec.gpu_indices)
-        argv = [*self.engine_command, "--config", str(config_path)]
+        env.update(plan.env)
         try:
-            env.update(rendezvous_env(spec, config, self.rendezvous_port))
-            inst.process = self.launcher.launch(argv, env, log_path)
+            if plan.kind == "dctl":
+                env.update(rendezvous_env(spec, spec.engine_config or {}, self.rendezvous_port))
+            inst.process = self.launcher.launch(plan.argv, env, log_path)
         except OSError as exc:
             inst.process = None
-            self._fail(inst, ExitInfo(reason=printable(f"cannot start {argv[0]}: {exc}")))
+            self._fail(inst, ExitInfo(reason=printable(f"cannot start {plan.argv[0]}: {exc}")))
             return
         now = self.clock()
         inst.started_at = now
@@ -222,12 +232,21 @@ class Supervisor:
         inst.stop_deadline = None
         inst.killed = False
         inst.after_stop = "stay"
+        inst.probes = probes(engine_of(spec))
         self._save_pid(inst)
         started = f"pid {inst.process.pid} on port {spec.port}"
         if "MASTER_PORT" in env:
             started += f", ranks meet on {env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-        threads = threads_note(spec, config)
-        self._set(inst, InstanceState.STARTING, f"{started}, {threads}" if threads else started)
+        details = [started]
+        if presence is not None:
+            details.append(presence.text)
+        if plan.note:
+            details.append(plan.note)
+        if plan.kind == "dctl":
+            threads = threads_note(spec, engine_config(spec))
+            if threads:
+                details.append(threads)
+        self._set(inst, InstanceState.STARTING, ", ".join(details))
 
     def _save_pid(self, inst: SupervisedInstance) -> None:
         instance_id = inst.spec.instance_id
@@ -316,7 +335,7 @@ class Supervisor:
             return
         inst.next_probe_at = now + self.policy.probe_interval_s
         host, port = inst.spec.probe_address, inst.spec.port
-        if self.prober(host, port, "/health/ready"):
+        if self.prober(host, port, inst.probes.ready):
             inst.probe_failures = 0
             if inst.state != InstanceState.READY:
                 inst.ready_since = now
@@ -334,7 +353,7 @@ class Supervisor:
                 )
                 self._restart_unhealthy(inst, reason)
             return
-        if self.prober(host, port, "/health/live"):
+        if self.prober(host, port, inst.probes.live):
             inst.probe_failures = 0
             self._set(inst, InstanceState.UNHEALTHY, "alive but not ready")
             return
@@ -364,8 +383,17 @@ class Supervisor:
                 log.info("instance %s: pid %s is gone, not adopted", record.instance_id, record.pid)
                 pid_file.unlink(missing_ok=True)
                 continue
-            spec = InstanceSpec.from_dict(record.spec, api_key=self._saved_api_key(record))
-            if not self.prober(spec.probe_address, record.port, "/health/live"):
+            bare = InstanceSpec.from_dict(record.spec)
+            try:
+                engine = engine_of(bare)
+            except ValueError:  # a config this agent no longer takes: replaced by the desired one
+                engine = DctlEngine()
+            # Pid files never hold the key: without it the adopted spec would not match the
+            # desired one (the engine would be replaced), and a crash restart would drop it.
+            key = saved_api_key(engine, Path(record.config_path))
+            spec = InstanceSpec.from_dict(record.spec, api_key=key)
+            paths = probes(engine)
+            if not self.prober(spec.probe_address, record.port, paths.live):
                 # Alive but silent (still loading, or hung): adopting it and letting the start-up
                 # grace decide is safer than starting a duplicate on the same port.
                 log.info("instance %s: pid %s does not answer yet", record.instance_id, record.pid)
@@ -376,6 +404,7 @@ class Supervisor:
                 started_at=now,
                 restart_count=record.restart_count,
                 next_probe_at=now,
+                probes=paths,
             )
             self._instances[spec.instance_id] = inst
             self._set(
@@ -383,18 +412,6 @@ class Supervisor:
             )
             adopted.append(spec.instance_id)
         return adopted
-
-    @staticmethod
-    def _saved_api_key(record: PidRecord) -> str | None:
-        """The API key an adopted engine runs with, read back from its config file.
-
-        Pid files never hold the key; without it the adopted spec would not match the desired
-        one (the engine would be replaced) and a crash restart would start it without a key.
-        """
-        try:
-            return api_key_in(yaml.safe_load(Path(record.config_path).read_text()) or {})
-        except (OSError, yaml.YAMLError, AttributeError):
-            return None  # then the spec differs from the desired one and the engine is replaced
 
     def stop_all(
         self, timeout_s: float | None = None, sleep: Callable[[float], None] = time.sleep
@@ -415,12 +432,14 @@ class Supervisor:
         """Every instance as the heartbeat reports it."""
         return [inst.observed() for inst in self._instances.values()]
 
-    def ready_endpoints(self) -> dict[int, tuple[str, int]]:
-        """Instance id -> (address, port) of every ready engine (for metrics scraping)."""
+    def ready_endpoints(self) -> dict[int, tuple[str, int, str]]:
+        """Instance id -> (address, port, metrics path) of every ready engine that exports
+        metrics (for scraping)."""
         return {
-            i: (inst.spec.probe_address, inst.spec.port)
+            i: (inst.spec.probe_address, inst.spec.port, inst.probes.metrics)
             for i, inst in self._instances.items()
             if inst.state in (InstanceState.READY, InstanceState.UNHEALTHY)
+            and inst.probes.metrics is not None
         }
 
     def loads(self, memory_bytes: Callable[[int], int] | None = None) -> list[EngineLoad]:

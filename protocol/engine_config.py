@@ -33,6 +33,14 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.engine_kinds import (
+    ENGINE_KINDS,
+    CommandEngine,
+    DctlEngine,
+    EngineChoice,
+    ServerEngine,
+    unhonoured_key,
+)
 from runtime.tls import check_key_file, check_server_files
 
 
@@ -235,9 +243,12 @@ class DeploymentEngineConfig(_Section):
     """The part of an engine config a deployment sets; the agent fills in the rest per instance.
 
     Validated by the control plane at `deploy create` / `deploy configure`, so a bad key is a 422
-    there instead of a crash loop on every host.
+    there instead of a crash loop on every host. `engine` chooses the server (`protocol.
+    engine_kinds`); the other sections are the dctl engine's, and another kind takes only the
+    keys it maps (`KIND_KEYS`).
     """
 
+    engine: EngineChoice = DctlEngine()
     service: ServiceTuning = ServiceTuning()
     model: ModelTuning = ModelTuning()
     resources: ResourcesConfig = ResourcesConfig()
@@ -245,11 +256,32 @@ class DeploymentEngineConfig(_Section):
     logging: LoggingConfig = LoggingConfig()
     chaos: ChaosConfig = ChaosConfig()
 
+    @model_validator(mode="after")
+    def _keys_the_kind_honours(self) -> DeploymentEngineConfig:
+        set_keys = [
+            f"{section}.{key}"
+            for section in self.model_fields_set - {"engine"}
+            for key in getattr(self, section).model_fields_set
+        ]
+        problem = unhonoured_key(self.engine.kind, sorted(set_keys))
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     @property
     def gpu_ranks(self) -> int | None:
         """`parallel.size` where the ranks run one per GPU; None where it is left to the
-        instance's GPU count, or the ranks run on CPUs (no GPU each)."""
+        instance's GPU count, or the ranks run on CPUs (no GPU each). Engines other than dctl
+        run one instance over its GPUs their own way (tensor parallel = its GPU count)."""
+        if self.engine.kind != "dctl":
+            return None
         return None if self.resources.device == "cpu" else self.parallel.size
+
+
+# The model of each engine kind, by the tag that a validation error's location carries.
+ENGINE_TYPES: dict[str, type[BaseModel]] = {
+    "dctl": DctlEngine, "vllm": ServerEngine, "sglang": ServerEngine, "command": CommandEngine,
+}  # fmt: skip
 
 
 # Keys the agent (or the control plane) decides per instance, and why a deployment cannot.
@@ -331,9 +363,13 @@ _NULLS = {"null", "none", "~"}
 
 
 def _describe(error: dict[str, Any], source: str, schema: type[BaseModel] | None = None) -> str:
-    key = ".".join(str(part) for part in error["loc"])
+    loc = _without_tag(tuple(error["loc"]))
+    key = ".".join(str(part) for part in loc)
+    if error["type"] == "union_tag_invalid":
+        kinds = ", ".join(ENGINE_KINDS)
+        return f"{source}: {key}.kind must be one of {kinds} (got {error['ctx']['tag']!r})"
     if error["type"] == "extra_forbidden":
-        section = _section_model(error["loc"][:-1], schema or ServeConfig)
+        section = _section_model(tuple(error["loc"][:-1]), schema or ServeConfig)
         known = ", ".join(section.model_fields) if section else ""
         return f"{source}: unknown key {key!r} (known keys here: {known})"
     if error["type"] == "missing":
@@ -341,12 +377,27 @@ def _describe(error: dict[str, Any], source: str, schema: type[BaseModel] | None
             return f"{source}: model.path is required (the checkpoint directory; flag --model)"
         return f"{source}: {key} is required"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if not loc:  # a rule across sections: its message names the keys
+        return f"{source}: {message}"
     return f"{source}: {key}: {message} (got {error.get('input')!r})"
+
+
+def _without_tag(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """LOC without the kind a discriminated `engine` section adds (`engine.command.ready_path`
+    is the key `engine.ready_path` of a command engine)."""
+    if len(loc) > 1 and loc[0] == "engine" and loc[1] in ENGINE_KINDS:
+        return (loc[0], *loc[2:])
+    return loc
 
 
 def _section_model(loc: tuple[Any, ...], schema: type[BaseModel]) -> type[BaseModel] | None:
     model: type[BaseModel] = schema
     for part in loc:
+        if model is DeploymentEngineConfig and part == "engine":
+            continue  # the next part is the kind, which names the engine's model
+        if part in ENGINE_TYPES and str(loc[0]) == "engine":
+            model = ENGINE_TYPES[part]
+            continue
         field = model.model_fields.get(str(part))
         annotation = field.annotation if field else None
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):

@@ -136,7 +136,7 @@ class Rig:
             clock=self.clock.monotonic,
         )  # fmt: skip
 
-    def fetch_metrics(self, host: str, port: int) -> str | None:
+    def fetch_metrics(self, host: str, port: int, path: str = "/metrics") -> str | None:
         self.scraped.append((host, port))
         return self.engine_text or None
 

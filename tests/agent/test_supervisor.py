@@ -320,7 +320,7 @@ def test_a_wildcard_bind_address_is_probed_on_loopback(rig: tuple) -> None:
     health.ready = True
     sup.tick()
     assert health.calls[-1] == ("127.0.0.1", 18001, "/health/ready")
-    assert sup.ready_endpoints() == {7: ("127.0.0.1", 18001)}
+    assert sup.ready_endpoints() == {7: ("127.0.0.1", 18001, "/metrics")}
 
 
 def test_a_new_api_key_replaces_the_engine(rig: tuple) -> None:
