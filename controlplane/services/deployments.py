@@ -210,6 +210,8 @@ def check_parallel(
     # ENGINE_CONFIG: the one a rollout brings instead of the deployment's.
     chosen = deployment.engine_config if engine_config is None else engine_config
     settings = DeploymentEngineConfig.model_validate(chosen)
+    if settings.engine.kind != "dctl":
+        return  # vLLM, SGLang, a command: they split a model over its GPUs by their own rules
     size, gpus = settings.parallel.size, deployment.gpus_per_instance
     on_cpu = settings.resources.device == "cpu"
     if settings.gpu_ranks is not None and gpus is not None and settings.gpu_ranks != gpus:
