@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -174,6 +175,26 @@ class CommandEngine(_Engine):
 
 
 EngineChoice = Annotated[DctlEngine | ServerEngine | CommandEngine, Field(discriminator="kind")]
+
+
+def engine_kind(engine_config: Mapping[str, Any] | None) -> str:
+    """The engine kind a (stored, validated) engine config chooses: `dctl` when it sets none."""
+    section = (engine_config or {}).get("engine")
+    kind = section.get("kind") if isinstance(section, Mapping) else None
+    return kind if isinstance(kind, str) else "dctl"
+
+
+# The figures each kind's instances report to the heartbeat, beyond what the gateway measures
+# for every kind (requests, errors, latency, TTFT, tokens). The diffusion figures are the dctl
+# engine's alone; a command engine's depend on what it exports (mapped where known).
+DIFFUSION_FIGURES = ("denoising steps per block", "tokens per forward")
+REPORTED_FIGURES: dict[str, tuple[str, ...]] = {
+    "dctl": ("requests running and waiting", "TTFT", "tokens", *DIFFUSION_FIGURES,
+             "expert load"),
+    "vllm": ("requests running and waiting", "TTFT", "tokens"),
+    "sglang": ("requests running and waiting", "TTFT", "tokens"),
+    "command": (),
+}  # fmt: skip
 
 
 def placeholders_in(arg: str, where: str) -> set[str]:

@@ -25,7 +25,9 @@ from protocol.wire import INT32_MAX, PlainText
 
 # An interval's verdict, and each metric's. `starved`: the canary served far less than its
 # weight (`controlplane.rollouts.analysis.is_starved`), so its figures cannot be judged.
-Verdict = Literal["pass", "fail", "inconclusive", "starved"]
+# "n/a": a figure the version's engine does not report (vLLM has no denoising steps): not
+# analysed, so it neither passes nor holds the step back.
+Verdict = Literal["pass", "fail", "inconclusive", "starved", "n/a"]
 # What an analysis figure is measured in, so every view shows it alike: ratio (a share or rate:
 # shown in %), seconds (shown in ms), count (whole), number (a mean or ratio of means).
 MetricUnit = Literal["ratio", "seconds", "count", "number"]

@@ -40,7 +40,7 @@ _ROLLOUT_STATES: dict[str, Level] = {
     RolloutState.ROLLED_BACK: "bad",
 }
 _VERDICTS: dict[str, Level] = {
-    "pass": "ok", "fail": "bad", "inconclusive": "warn", "starved": "warn",
+    "pass": "ok", "fail": "bad", "inconclusive": "warn", "starved": "warn", "n/a": "idle",
 }  # fmt: skip
 _CHECKS: dict[str, Level] = {"pass": "ok", "warn": "warn", "fail": "bad"}
 

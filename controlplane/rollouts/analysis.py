@@ -67,6 +67,9 @@ class Interval:
     # The model family each version was sized by at registration; None: not recorded.
     stable_family: str | None = None
     canary_family: str | None = None
+    # The engine kind each pool runs: only the dctl engine reports the diffusion figures.
+    stable_engine: str = "dctl"
+    canary_engine: str = "dctl"
 
     def families_differ(self) -> bool:
         """Whether both versions' families are known and are not the same."""
@@ -82,6 +85,7 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
     minimum = policy.min_requests or 1
     share = _served_share(stable_n, canary_n, interval.weight, minimum)
     across = _not_comparable_note(interval) if interval.families_differ() else None
+    unreported = _unreported_note(interval)
     metrics = [
         _error_rate(stable, canary, policy.max_error_rate_increase or 0.0, minimum),
         _latency(
@@ -102,6 +106,7 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
             canary.steps_per_block if canary else None,
             policy.max_steps_per_block_ratio or 1.0,
             across,
+            unreported,
         ),
         _ratio_at_least(
             "tokens per forward",
@@ -109,6 +114,7 @@ def analyse(interval: Interval, policy: RolloutPolicy) -> Analysis:
             canary.tokens_per_forward if canary else None,
             policy.min_tokens_per_forward_ratio or 0.0,
             across,
+            unreported,
         ),
         MetricVerdict(
             metric="canary restarts",
@@ -323,6 +329,24 @@ def _not_comparable_note(interval: Interval) -> str:
     )
 
 
+def _unreported_note(interval: Interval) -> str | None:
+    """Why the diffusion figures are not analysed when a pool's engine does not report them."""
+    kinds = [k for k in (interval.stable_engine, interval.canary_engine) if k != "dctl"]
+    if not kinds:
+        return None
+    return f"n/a: the {kinds[0]} engine does not report it"
+
+
+def _unreported(
+    metric: str, stable: float | None, canary: float | None, limit: str, note: str
+) -> MetricVerdict:
+    """Not analysed: whatever figures one side has, the other engine has none to set them by."""
+    return MetricVerdict(
+        metric=metric, unit="number", stable=stable, canary=canary, limit=limit,
+        verdict="n/a", note=note,
+    )  # fmt: skip
+
+
 def _not_comparable(
     metric: str, stable: float | None, canary: float | None, limit: str, note: str
 ) -> MetricVerdict:
@@ -334,9 +358,16 @@ def _not_comparable(
 
 
 def _ratio_at_most(
-    metric: str, stable: float | None, canary: float | None, ratio: float, across: str | None
+    metric: str,
+    stable: float | None,
+    canary: float | None,
+    ratio: float,
+    across: str | None,
+    unreported: str | None = None,
 ) -> MetricVerdict:
     limit = f"<= {ratio:g}x stable"
+    if unreported is not None:
+        return _unreported(metric, stable, canary, limit, unreported)
     if across is not None:
         return _not_comparable(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
@@ -356,9 +387,16 @@ def _ratio_at_most(
 
 
 def _ratio_at_least(
-    metric: str, stable: float | None, canary: float | None, ratio: float, across: str | None
+    metric: str,
+    stable: float | None,
+    canary: float | None,
+    ratio: float,
+    across: str | None,
+    unreported: str | None = None,
 ) -> MetricVerdict:
     limit = f">= {ratio:g}x stable"
+    if unreported is not None:
+        return _unreported(metric, stable, canary, limit, unreported)
     if across is not None:
         return _not_comparable(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:

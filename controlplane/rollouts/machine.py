@@ -286,6 +286,8 @@ class RolloutMachine:
                     canary_restarts=restarts,
                     stable_family=seen.stable_family,
                     canary_family=seen.canary_family,
+                    stable_engine=seen.stable_engine,
+                    canary_engine=seen.canary_engine,
                 ),
                 policy,
             )

@@ -95,6 +95,10 @@ class Observations:
     # inputs (None: not recorded): figures of different families are not compared.
     stable_family: str | None = None
     canary_family: str | None = None
+    # The engine kind each pool runs (`engine.kind` of its engine config): figures an engine
+    # does not report are not analysed.
+    stable_engine: str = "dctl"
+    canary_engine: str = "dctl"
     current: InstanceSeen | None = None  # a restart's instance under way
 
 

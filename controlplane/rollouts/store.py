@@ -44,6 +44,7 @@ from controlplane.rollouts.ports import (
 )
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
 from controlplane.services.errors import Conflict
+from protocol.engine_kinds import engine_kind
 from protocol.gateway import VersionTraffic
 from protocol.rollout_states import ACTIVE_STATES, RolloutKind, RolloutPhase, RolloutState
 from protocol.rollouts import HostStaging
@@ -305,6 +306,10 @@ def observe(
         current=_instance_seen(session, rollout.progress.current),
         stable_family=families.get(deployment.stable_version_id),
         canary_family=families.get(rollout.to_version_id),
+        stable_engine=engine_kind(deployment.engine_config),
+        canary_engine=engine_kind(
+            deployment.engine_config if rollout.engine_config is None else rollout.engine_config
+        ),
     )
 
 

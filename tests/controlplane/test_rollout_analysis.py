@@ -199,3 +199,28 @@ def test_starved_means_under_half_the_weight_significantly_over_enough_requests(
     assert is_starved(2000, 0, 1, minimum)
     # No weight to fall short of (promoting, or a canary at 0).
     assert not is_starved(1000, 0, 100, minimum) and not is_starved(1000, 0, 0, minimum)
+
+
+@pytest.mark.parametrize(("engines", "named"), [(("dctl", "vllm"), "vllm"),
+                                                (("command", "dctl"), "command")])  # fmt: skip
+def test_figures_an_engine_does_not_report_are_not_analysed_never_passed(
+    engines: tuple[str, str], named: str
+) -> None:
+    # Rolling from the bundled engine to vLLM (or back from a command engine): the dctl side has
+    # diffusion figures, the other none. Not analysed, shown as n/a, and not a pass.
+    dctl = {"steps_per_block": 2.0, "tokens_per_forward": 2.0}
+    stable = pool("m:v1", buckets(s0_04=100), **(dctl if engines[0] == "dctl" else {}))
+    canary = pool("m:v2", buckets(s0_04=40), **(dctl if engines[1] == "dctl" else {}))
+    interval = Interval(NOW, NOW, 1, 10, stable, canary, 0, stable_engine=engines[0],
+                        canary_engine=engines[1])  # fmt: skip
+    result = analyse(interval, DEFAULT_POLICY)
+    by = {m.metric: m for m in result.metrics}
+    for metric in ("steps per block", "tokens per forward"):
+        assert by[metric].verdict == "n/a"
+        assert by[metric].note == f"n/a: the {named} engine does not report it"
+    # Judged on what every engine has: the gateway's errors and latency.
+    assert result.verdict == "pass"
+    bad = pool("m:v2", buckets(s0_04=40), errors=20)
+    failed = analyse(Interval(NOW, NOW, 1, 10, stable, bad, 0, stable_engine=engines[0],
+                              canary_engine=engines[1]), DEFAULT_POLICY)  # fmt: skip
+    assert failed.verdict == "fail"
