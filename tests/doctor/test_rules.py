@@ -281,3 +281,25 @@ def test_errors_first_and_the_exit_flag() -> None:
     snap.hosts[0].gpus = [gpu(0, temperature_c=95.0)]
     found = diagnose(snap)
     assert [f.severity for f in found] == ["error", "warning"] and has_error(found)
+
+
+def test_a_deployment_on_another_engine_is_told_which_figures_it_lacks() -> None:
+    vllm = deployment(instance(1), engine_config={"engine": {"kind": "vllm"}})
+    series = {1: {RUNNING: points(3, 3), WAITING: points(0, 0)}}
+    (finding,) = [f for f in diagnose(fleet(vllm, series=series)) if f.rule == "engine.figures"]
+    assert finding.severity == "info"
+    assert "runs on the vllm engine" in finding.summary
+    assert "no denoising steps per block, no tokens per forward" in finding.summary
+    assert finding.evidence["figures_arriving"] == "yes"
+    # A ready vLLM whose figures never arrive: the panels would read as an idle engine.
+    (silent,) = [f for f in diagnose(fleet(vllm)) if f.rule == "engine.figures"]
+    assert silent.severity == "warning" and "/metrics" in silent.fix
+    # A command engine without metrics lacks the queue figures too, and that is expected.
+    mock = {"kind": "command", "command": ["srv", "{host}", "{port}"], "metrics_path": None}
+    command = deployment(instance(1), engine_config={"engine": mock})
+    (quiet,) = [f for f in diagnose(fleet(command)) if f.rule == "engine.figures"]
+    assert quiet.severity == "info"
+    assert "no queue and running requests" in quiet.summary
+    assert quiet.evidence["reported"] == "nothing (engine.metrics_path is null)"
+    # The bundled engine reports everything: nothing to say.
+    assert not [f for f in diagnose(fleet(deployment(instance(1)))) if f.rule == "engine.figures"]
