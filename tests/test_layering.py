@@ -1,8 +1,10 @@
-"""The dependency arrows of DESIGN.md, enforced by parsing every module's imports."""
+"""The dependency arrows of DESIGN.md, enforced by parsing every module's imports; and one
+exception class per name across the parts."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import subprocess
 import sys
@@ -274,6 +276,101 @@ def test_an_import_past_the_ports_is_caught(tmp_path: Path, source: str) -> None
     problems = port_violations(tmp_path)
     assert problems and all(p.startswith("controlplane.rollouts.bad imports") for p in problems)
     assert all("via controlplane.rollouts.ports" in p for p in problems)
+
+
+# One exception class per name: an `except Refused` must not read as catching another part's
+# `Refused`. Names two parts share on purpose, each with the reason (none today).
+SHARED_EXCEPTION_NAMES: dict[str, str] = {}
+_BUILTIN_EXCEPTIONS = frozenset(
+    name
+    for name, value in vars(builtins).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
+)
+
+
+def _base_name(base: ast.expr) -> str:
+    while isinstance(base, ast.Subscript):
+        base = base.value
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    return base.id if isinstance(base, ast.Name) else ""
+
+
+def exception_classes(root: Path = ROOT) -> dict[str, list[str]]:
+    """Every exception class of the parts, by name: where each is defined (`module:line`).
+
+    By parsing: a class is an exception when a base is a builtin exception, a class found to be
+    one (to a fixed point, so subclasses of subclasses count), or a name ending in Error or
+    Exception (a third party's: `HTTPException`, `SQLAlchemyError`).
+    """
+    classes: list[tuple[str, set[str], str]] = []
+    for part in PARTS:
+        for path in sorted((root / part).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            tree = ast.parse(path.read_text(), filename=str(path))
+            classes.extend(
+                (node.name, {_base_name(b) for b in node.bases}, f"{module}:{node.lineno}")
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ClassDef)
+            )
+    found: set[str] = set()
+    while True:
+        more = {
+            name
+            for name, bases, _ in classes
+            if name not in found
+            and any(
+                b in _BUILTIN_EXCEPTIONS or b in found or b.endswith(("Error", "Exception"))
+                for b in bases
+            )
+        }
+        if not more:
+            break
+        found |= more
+    where: dict[str, list[str]] = {}
+    for name, _, at in classes:
+        if name in found:
+            where.setdefault(name, []).append(at)
+    return where
+
+
+def shared_exception_names(root: Path = ROOT) -> list[str]:
+    """Every exception class name defined more than once and not listed as shared on purpose."""
+    return [
+        f"{name}: {', '.join(at)}"
+        for name, at in sorted(exception_classes(root).items())
+        if len(at) > 1 and name not in SHARED_EXCEPTION_NAMES
+    ]
+
+
+def test_no_two_exception_classes_share_a_name() -> None:
+    assert shared_exception_names() == []
+    defined = exception_classes()
+    assert all(len(defined.get(name, [])) > 1 for name in SHARED_EXCEPTION_NAMES), "stale entry"
+
+
+def test_exception_classes_that_share_a_name_are_caught(tmp_path: Path) -> None:
+    for part in PARTS:
+        (tmp_path / part).mkdir()
+    (tmp_path / "runtime" / "a.py").write_text(
+        "class Refused(Exception):\n    pass\n\nclass Base(ValueError):\n    pass\n\n"
+        "class Gone(Base):\n    pass\n\nclass Plan:\n    pass\n"
+    )
+    (tmp_path / "agent" / "b.py").write_text("class Plan:\n    pass\n")
+    assert shared_exception_names(tmp_path) == []
+    (tmp_path / "controlplane" / "api").mkdir()
+    (tmp_path / "controlplane" / "api" / "c.py").write_text(
+        "from starlette.exceptions import HTTPException\n\n"
+        "class Refused(HTTPException):\n    pass\n"
+    )
+    (tmp_path / "gateway" / "d.py").write_text(
+        "import errors\n\nclass Failure(errors.GatewayError):\n    pass\n\n"
+        "def f():\n    class Gone(Failure):\n        pass\n"
+    )
+    assert shared_exception_names(tmp_path) == [
+        "Gone: runtime.a:7, gateway.d:7",
+        "Refused: runtime.a:1, controlplane.api.c:3",
+    ]
 
 
 # Inside the TUI: its headless core (formatting, health levels, fetching and shaping the data, the

@@ -61,11 +61,13 @@ def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n % (1 << 20) == 0 else f"{n} bytes"
 
 
-class BodyTooLarge(HTTPException):
-    """The body passed its limit while being read (413; the connection is closed after it).
+class RouteBodyTooLarge(HTTPException):
+    """The body passed its route's limit while being read (413; the connection is closed after).
 
     An `HTTPException`, so FastAPI lets it through its body parsing to the error handlers
-    unchanged; outside FastAPI (the heartbeat lane) the middleware answers it.
+    unchanged (it turns any other exception there into a 400): hence not
+    `runtime.asgi_body.BodyTooLarge`. Outside FastAPI (the heartbeat lane) the middleware
+    answers it.
     """
 
     def __init__(self, where: str, limit: int) -> None:
@@ -170,7 +172,7 @@ class RequestBodyLimit:
         limit = self.default if rule is None else rule.limit
         where = f"{scope['method']} {scope['path'] if rule is None else rule.template}"
         if declared is not None and declared > limit:
-            await _refuse(BodyTooLarge(where, limit), scope, receive, send)
+            await _refuse(RouteBodyTooLarge(where, limit), scope, receive, send)
             return
         if (
             rule is not None
@@ -202,14 +204,14 @@ class RequestBodyLimit:
             await send(message)
 
         try:
-            limited = bounded(receive, limit, lambda: BodyTooLarge(where, limit))
+            limited = bounded(receive, limit, lambda: RouteBodyTooLarge(where, limit))
             await self.app(scope, limited, send_tracked)
-        except BodyTooLarge as exc:
+        except RouteBodyTooLarge as exc:
             if started:
                 raise
             await _refuse(exc, scope, receive, send)
 
 
-async def _refuse(exc: BodyTooLarge, scope: Scope, receive: Receive, send: Send) -> None:
+async def _refuse(exc: RouteBodyTooLarge, scope: Scope, receive: Receive, send: Send) -> None:
     error = ApiError(413, "payload_too_large", exc.detail, headers=dict(exc.headers or {}))
     await error_response(error)(scope, receive, send)
