@@ -100,7 +100,9 @@ def tls_files(settings: ControlPlaneSettings) -> tuple[str, str] | None:
     """
     cert, key = settings.tls_cert, settings.tls_key
     if cert is None and key is None:
-        if local_host(settings.host) not in {"127.0.0.1", "::1", "localhost"}:
+        # The bind address itself: 0.0.0.0 and :: listen on every interface, though a local
+        # client reaches them on loopback (`local_host`).
+        if settings.host not in {"127.0.0.1", "::1", "localhost"}:
             _warn(
                 f"serving plain HTTP on {settings.host}: tokens travel in clear; pass "
                 "--tls-cert FILE --tls-key FILE (env DCTL_TLS_CERT, DCTL_TLS_KEY)"

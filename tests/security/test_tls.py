@@ -324,3 +324,18 @@ def _tails(*directories: Path) -> str:
         f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
         for p in logs
     )
+
+
+@pytest.mark.parametrize(
+    ("host", "warned"),
+    [("0.0.0.0", True), ("::", True), ("10.1.2.3", True), ("127.0.0.1", False)],
+)
+def test_plain_http_on_every_interface_is_warned_about(
+    host: str, warned: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controlplane.main import tls_files
+    from controlplane.settings import ControlPlaneSettings
+
+    assert tls_files(ControlPlaneSettings(host=host)) is None
+    err = capsys.readouterr().err
+    assert ("tokens travel in clear" in err) is warned
