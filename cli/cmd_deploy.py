@@ -12,7 +12,7 @@ from cli.columns import DEPLOYMENT_INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
 from cli.options import duration_option, engine_config_option, label_option, mapping_file_option
 from cli.output import JSON_OPTION, Column, emit, plain, print_json, print_table
-from cli.remote import connect, describe, split_name_version, validated
+from cli.remote import connect, describe, parse_version_ref, validated
 
 if TYPE_CHECKING:
     from protocol.rollout_policy import RolloutPolicy
@@ -141,9 +141,8 @@ def deploy_create(
 ) -> None:
     """Create deployment NAME serving --model on --hosts (operator)."""
     from protocol.rest import DeploymentCreate, Placement
-    from protocol.version_ref import VersionRef
 
-    model_name, version = split_name_version(model, "--model")
+    serving = parse_version_ref(model, "--model")
     host_names, selector = _split_hosts(hosts), label_option(labels)
     if not host_names and not selector:
         fail("say where to run it: --hosts NAME[,NAME...] and/or --label KEY=VALUE", USAGE)
@@ -151,8 +150,8 @@ def deploy_create(
     spec = validated(
         lambda: DeploymentCreate(
             name=name,
-            model=model_name,
-            version=version,
+            model=serving.model,
+            version=serving.version,
             placement=Placement(hosts=host_names, labels=selector),
             instances_per_host=instances_per_host,
             gpus_per_instance=gpus_per_instance,
@@ -164,10 +163,7 @@ def deploy_create(
     if as_json:
         print_json(created)
         return
-    print(
-        f"deployment {name} created: {VersionRef(model_name, version)}, "
-        f"{len(created['instances'])} instance(s)"
-    )
+    print(f"deployment {name} created: {serving}, {len(created['instances'])} instance(s)")
 
 
 @deploy_app.command("list")

@@ -18,7 +18,7 @@ from cli.output import (
     print_json,
     print_table,
 )
-from cli.remote import connect, split_name_version
+from cli.remote import connect, parse_version_ref
 from protocol.vocabulary import VersionLine
 
 if TYPE_CHECKING:
@@ -81,9 +81,9 @@ def model_register(
     from protocol.manifest import ManifestError, compute_manifest
     from protocol.version_ref import VersionRef
 
-    name, version = split_name_version(name_version)
+    ref = parse_version_ref(name_version)
     if parent is not None:
-        split_name_version(parent, "--parent")
+        parse_version_ref(parent, "--parent")
 
     def progress(path: str, size: int) -> None:
         # Hashing a large checkpoint takes minutes: show a person at a terminal that it moves.
@@ -97,8 +97,8 @@ def model_register(
     source = str(directory.resolve())
     with connect(timeout=60.0) as api:
         registered = api.register_version(
-            name,
-            version,
+            ref.model,
+            ref.version,
             manifest,
             source_uri=source,
             line=line,
@@ -175,9 +175,9 @@ def model_show(
         else:
             print_table(model["versions"], VERSION_COLUMNS, empty=f"{ref} has no versions")
         return
-    name, version = split_name_version(ref)
+    named = parse_version_ref(ref)
     with connect() as api:
-        found = plain(api.get_version(name, version))
+        found = plain(api.get_version(named.model, named.version))
     if as_json:
         print_json(found)
         return
@@ -205,12 +205,10 @@ def model_show(
 @model_app.command("deprecate")
 def model_deprecate(ref: str = typer.Argument(..., metavar="NAME:VERSION")) -> None:
     """Deprecate NAME:VERSION: kept for running deployments, refused for new ones."""
-    name, version = split_name_version(ref)
+    named = parse_version_ref(ref)
     with connect() as api:
-        api.deprecate_version(name, version)
-    from protocol.version_ref import VersionRef
-
-    print(f"{VersionRef(name, version)} deprecated")
+        api.deprecate_version(named.model, named.version)
+    print(f"{named} deprecated")
 
 
 @model_app.command("create-demo")

@@ -16,12 +16,18 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from client.http import ControlPlaneClient
+    from protocol.version_ref import VersionRef
 
 T = TypeVar("T")
 
 _HINTS = {
     401: "check the token: `dctl context list`, or set DCTL_TOKEN",
 }
+# protocol.wire's NAME_PATTERN and VERSION_PATTERN, said for a person.
+_NAME_RULE = (
+    "lowercase letters, digits and '-' (at most 63, starting and ending with a letter or digit)"
+)
+_VERSION_RULE = "letters, digits, '.', '_' and '-' (at most 64)"
 
 
 @contextmanager
@@ -47,12 +53,17 @@ def connect(timeout: float = 10.0) -> Iterator[ControlPlaneClient]:
         client.close()
 
 
-def split_name_version(value: str, what: str = "model version") -> tuple[str, str]:
-    """`NAME:VERSION` -> (NAME, VERSION); anything else is a usage error (exit 2)."""
-    name, sep, version = value.partition(":")
-    if not sep or not name or not version or ":" in version:
-        fail(f"{what} {value!r}: write it as NAME:VERSION, e.g. sdar-moe:v1", USAGE)
-    return name, version
+def parse_version_ref(value: str, what: str = "model version") -> VersionRef:
+    """`NAME:VERSION` as `VersionRef.parse` reads it; anything else is a usage error (exit 2)."""
+    from protocol.version_ref import VersionRef
+
+    try:
+        return VersionRef.parse(value)
+    except ValueError:
+        message = f"{what} {value!r}: write it as NAME:VERSION, e.g. sdar-moe:v1"
+        if ":" in value:  # a half is empty or holds what its rule refuses: say the rules
+            message += f" (NAME: {_NAME_RULE}; VERSION: {_VERSION_RULE})"
+        fail(message, USAGE)
 
 
 def validated(build: Callable[[], T]) -> T:
@@ -73,12 +84,9 @@ def describe(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "input"
     pattern = (err.get("ctx") or {}).get("pattern")
     if pattern == NAME_PATTERN:
-        return (
-            f"{where} {err['input']!r}: use lowercase letters, digits and '-' (at most 63, "
-            "starting and ending with a letter or digit)"
-        )
+        return f"{where} {err['input']!r}: use {_NAME_RULE}"
     if pattern == VERSION_PATTERN:
-        return f"{where} {err['input']!r}: use letters, digits, '.', '_' and '-' (at most 64)"
+        return f"{where} {err['input']!r}: use {_VERSION_RULE}"
     # A rule over several fields (a model validator) has no field to name; its message does.
     message = str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {message}" if err["loc"] else message

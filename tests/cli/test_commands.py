@@ -214,6 +214,10 @@ def test_a_checkpoint_the_engine_cannot_size_is_registered_without_a_plan(
     ("args", "code", "needle"),
     [
         (["model", "register", "no-version", "."], 2, "NAME:VERSION"),
+        # Read by VersionRef.parse, so each half is held to its rule before anything is hashed.
+        (["model", "register", "Demo:v1", "."], 2, "NAME: lowercase letters"),
+        (["model", "register", "x:v1", ".", "--parent", "x"], 2, "--parent 'x': write it as"),
+        (["model", "deprecate", "x:v1:y"], 2, "NAME:VERSION"),
         (["model", "register", "x:v1", "/no/such/dir"], 1, "no such directory"),
         (["model", "register", "x:v1", ".", "--line", "weird"], 2, ""),
         (["model", "show", "missing:v9"], 1, "not found"),
@@ -273,6 +277,8 @@ def test_hosts_and_a_deployment_end_to_end(tmp_path: Path, dctl: Dctl, server: S
 def test_deploy_usage_errors_exit_2(dctl: Dctl, tmp_path: Path) -> None:
     assert dctl("deploy", "create", "x", "--model", "m:v1").code == 2  # no placement
     assert dctl("deploy", "create", "x", "--model", "m", "--hosts", "a").code == 2
+    bad_model = dctl("deploy", "create", "x", "--model", "m:", "--hosts", "a")
+    assert bad_model.code == 2 and "--model 'm:'" in one_error_line(bad_model.stderr)
     bad_name = dctl("deploy", "create", "Bad_Name", "--model", "m:v1", "--hosts", "a")
     assert bad_name.code == 2 and "lowercase" in one_error_line(bad_name.stderr)
     listy = tmp_path / "list.yaml"
