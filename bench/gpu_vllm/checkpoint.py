@@ -98,9 +98,10 @@ def write_tiny_checkpoint(path: Path) -> Path:
     return out
 
 
-# Loads the checkpoint as vLLM's process would (AutoTokenizer, AutoConfig) plus one forward
-# pass; exits 3 when transformers is not there. Runs in the vLLM interpreter (it brings its own
-# transformers), so a bad checkpoint shows in seconds, not after a vLLM start.
+# Loads the tokenizer as vLLM does (AutoTokenizer, chat template) and the model with
+# AutoModelForCausalLM (every weight name matched), one forward pass; exits 3 without
+# transformers. Runs in the vLLM interpreter (it brings its own transformers), so a bad
+# checkpoint shows in seconds, not after a vLLM start.
 _LOAD_CHECK = """\
 import sys
 try:
@@ -122,13 +123,17 @@ print(f"transformers {transformers.__version__}: {type(tok).__name__}, "
 
 def check_checkpoint(python: str, path: Path, report: Report) -> None:
     """The checkpoint loads with transformers in PYTHON (skipped where it has none)."""
-    done = subprocess.run(
-        [python, "-c", _LOAD_CHECK, str(path)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        timeout=300,
-    )
+    try:
+        done = subprocess.run(
+            [python, "-c", _LOAD_CHECK, str(path)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        report.add("FAIL", "checkpoint loads", f"{python} took over 300 s to load {path}")
+        raise StepFailed("checkpoint loads", "see why the interpreter hangs") from None
     if done.returncode == 3:
         report.add("SKIP", "checkpoint loads", f"no transformers for {python}")
     elif not report.expect(
