@@ -321,8 +321,10 @@ class Agent:
         if adopted:
             log.info("adopted running engine(s) for instance(s) %s", adopted)
         if not self.preflight.ok:
+            others = self.preflight.failures("vllm")
             log.error(
-                "preflight failed; no engine will start: %s",
+                "preflight failed; %s: %s",
+                "no engine will start" if others else "only vLLM, SGLang or command engines start",
                 "; ".join(f"{c.name}: {c.reason}" for c in self.preflight.failures()),
             )
         try:

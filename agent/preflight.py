@@ -71,6 +71,11 @@ class PreflightConfig:
     warn_free_disk_bytes: int = 20 * GIB
 
 
+# Checks of the torch the dctl engine runs on (the agent's own environment): vLLM, SGLang or a
+# command engine bring their own, so a host without a usable torch here may still run them.
+DCTL_ENGINE_CHECKS = frozenset({"torch", "cuda_compat"})
+
+
 @dataclass(frozen=True)
 class PreflightReport:
     """All checks, in the order they ran."""
@@ -82,9 +87,12 @@ class PreflightReport:
         """True when no check failed (warnings allowed)."""
         return all(c.status != "fail" for c in self.checks)
 
-    def failures(self) -> list[PreflightCheck]:
-        """The failed checks."""
-        return [c for c in self.checks if c.status == "fail"]
+    def failures(self, engine_kind: str = "dctl") -> list[PreflightCheck]:
+        """The failed checks that keep an ENGINE_KIND instance from starting on this host."""
+        return [
+            c for c in self.checks
+            if c.status == "fail" and (engine_kind == "dctl" or c.name not in DCTL_ENGINE_CHECKS)
+        ]  # fmt: skip
 
 
 def _check(name: str, status: CheckStatus, reason: str) -> PreflightCheck:

@@ -23,6 +23,7 @@ from agent.preflight import PreflightReport
 from agent.snapshot_fetcher import SnapshotFetcher
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
+from protocol.engine_kinds import engine_kind
 from protocol.plain_text import printable
 from protocol.version_ref import VersionRef
 from protocol.wire import (
@@ -128,8 +129,9 @@ class Reconciler:
             self._waiting.pop(instance_id, None)
             self.supervisor.stop(instance_id)
             return
-        if not self.preflight.ok:
-            reasons = "; ".join(f"{c.name}: {c.reason}" for c in self.preflight.failures())
+        failed = self.preflight.failures(engine_kind(desired.engine_config))
+        if failed:
+            reasons = "; ".join(f"{c.name}: {c.reason}" for c in failed)
             spec = self._spec(desired, Path())
             self.supervisor.mark_failed(instance_id, spec, f"preflight failed: {reasons}")
             return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import threading
 import time
 from datetime import UTC, datetime
@@ -213,6 +214,34 @@ def test_failed_preflight_starts_nothing_and_says_why(tmp_path: Path) -> None:
     assert observed.state == InstanceState.FAILED
     assert "preflight failed: ecc" in observed.message
     assert not rig.cp.beats[-1].facts.preflight_ok()
+
+
+def test_a_host_without_a_usable_torch_still_starts_engines_that_bring_their_own(
+    tmp_path: Path,
+) -> None:
+    # The agent's torch is the dctl engine's: vLLM in its own venv, or any command, needs none.
+    rig = Rig(tmp_path)
+    rig.preflight = PreflightReport(
+        [PreflightCheck(name="torch", status="fail", reason="torch cannot be imported")]
+    )
+    rig.agent = rig.make_agent()
+    command = desired(checkpoint(tmp_path / "v1", 1)).model_copy(
+        update={"engine_config": {"engine": {"kind": "command",
+                                             "command": [sys.executable, "{host}", "{port}"]}}}
+    )  # fmt: skip
+    rig.cp.instances = [command]
+    rig.settle()
+    assert len(rig.launcher.launched) == 1
+    assert rig.launcher.launched[0][0][-3:-2] == ["agent.backends.fronted"]
+    # The same host refuses a dctl engine, naming the check.
+    rig.cp.instances = [desired(checkpoint(tmp_path / "v2", 2)).model_copy(
+        update={"instance_id": 6, "port": 18006})]  # fmt: skip
+    rig.cp.generation = 2
+    rig.settle()
+    rig.agent.heartbeat_once()
+    observed = {o.instance_id: o for o in rig.cp.beats[-1].instances}
+    assert observed[6].state == InstanceState.FAILED
+    assert "preflight failed: torch" in observed[6].message
 
 
 def test_a_corrupt_new_version_is_refused_and_the_old_engine_keeps_serving(tmp_path: Path) -> None:
