@@ -32,6 +32,7 @@ import yaml
 
 from agent.backends.key_proxy import KeyCheckingProxy
 from runtime.logs import configure_logging
+from runtime.parent_death import die_with_parent
 
 log = logging.getLogger("dctl.agent.fronted")
 
@@ -47,10 +48,13 @@ class _Server(uvicorn.Server):
 async def run(config: dict[str, Any]) -> int:
     """Run the engine (and its proxy) until the engine exits; its exit status."""
     env = {**os.environ, **config.get("env", {})}
-    child = await asyncio.create_subprocess_exec(
-        *config["argv"], env=env, stdin=asyncio.subprocess.DEVNULL
-    )
     drain = signal.Signals[config.get("drain_signal", "SIGTERM")]
+    # SIGKILL to the front alone (not its group) must not leave the engine behind: it gets its
+    # drain signal when the front dies.
+    child = await asyncio.create_subprocess_exec(
+        *config["argv"], env=env, stdin=asyncio.subprocess.DEVNULL,
+        preexec_fn=die_with_parent(drain),
+    )  # fmt: skip
     loop = asyncio.get_running_loop()
     draining = False
 

@@ -17,37 +17,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from cli.exits import CliError
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A `preexec_fn` after which Linux sends the child SIGTERM when this process dies; None on
-    other systems.
-
-    The signal follows the thread that forks, not the process: children must be started from a
-    thread that lives as long as the demo (the main thread does).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded here: the child only calls it
-    parent = os.getpid()
-
-    def arm() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+from runtime.parent_death import die_with_parent
 
 
 class Children:
@@ -69,7 +44,7 @@ class Children:
         self._logs.append(log)
         self.processes[name] = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True, preexec_fn=_die_with_parent(),
+            start_new_session=True, preexec_fn=die_with_parent(),
         )  # fmt: skip
 
     def check(self) -> None:
