@@ -181,11 +181,14 @@ def stop_stack(stack: Stack) -> None:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    # The agent leaves engines running on exit (so a restart adopts them): stop them here.
+    # The agent leaves engines running on exit (so a restart adopts them): stop them here, each
+    # with its process group (it leads one): a command engine's server is its wrapper's child,
+    # and would outlive the wrapper alone.
     for pid_file in (stack.agent_data() / "agent" / "run").glob("instance-*.json"):
         pid = json.loads(pid_file.read_text())["pid"]
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(ProcessLookupError):
+                kill(pid, signal.SIGKILL)
     stack.api.close()
 
 
