@@ -250,6 +250,12 @@ class Instance(SQLModel, table=True):
     restart_count: int = 0
     last_exit: dict[str, Any] | None = Field(default=None, sa_column=json_column())
     observed_digest: str | None = Field(default=None, max_length=64)
+    # The host's desired generation that carried this instance's current version: until the
+    # host's agent has applied it, what the instance reports is the engine it is replacing,
+    # which may even have the same weights (an engine-config version).
+    spec_generation: int = Field(
+        default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
+    )
     message: str = Field(default="", max_length=1000)
     created_at: datetime = Field(sa_column=utc_column(False))
     observed_at: datetime | None = Field(default=None, sa_column=utc_column())

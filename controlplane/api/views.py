@@ -31,7 +31,7 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
     Never their API keys: those go to the instance's own agent (and gateways) only.
     """
     rows = session.exec(
-        select(Instance, Deployment.name, Host.name, ModelVersion)
+        select(Instance, Deployment.name, Host, ModelVersion)
         .join(Deployment, col(Deployment.id) == col(Instance.deployment_id))
         .join(Host, col(Host.id) == col(Instance.host_id))
         .join(ModelVersion, col(ModelVersion.id) == col(Instance.version_id))
@@ -42,7 +42,7 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
         InstanceOut(
             id=inst.id or 0,
             deployment=dep,
-            host=host,
+            host=host.name,
             version=version.version,
             port=inst.port,
             gpu_indices=list(inst.gpu_indices),
@@ -56,7 +56,8 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             message=inst.message,
             observed_at=inst.observed_at,
             observed_digest=inst.observed_digest,
-            on_version=inst.observed_digest == version.digest,
+            on_version=inst.observed_digest == version.digest
+            and host.applied_generation >= inst.spec_generation,
         )
         for inst, dep, host, version in rows
     ]

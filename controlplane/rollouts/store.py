@@ -397,19 +397,23 @@ def instance_total(session: Session, deployment_id: int) -> int:
 
 
 def ready_count(session: Session, deployment_id: int, version_id: int) -> int:
-    """Instances of the deployment that serve VERSION now: ready and reporting its digest."""
+    """Instances of the deployment that serve VERSION now: ready, reporting its digest, on a
+    host whose agent has applied the spec that made them VERSION's (`Instance.spec_generation`:
+    an engine-config version has the weights of the one it replaces)."""
     version = session.get(ModelVersion, version_id)
     if version is None:
         return 0
     return session.exec(
         select(func.count())
         .select_from(Instance)
+        .join(Host, col(Host.id) == col(Instance.host_id))
         .where(
             Instance.deployment_id == deployment_id,
             Instance.version_id == version_id,
             Instance.desired_state == DesiredInstanceState.RUNNING.value,
             Instance.observed_state == InstanceState.READY.value,
             Instance.observed_digest == version.digest,
+            col(Host.applied_generation) >= col(Instance.spec_generation),
         )
     ).one()
 

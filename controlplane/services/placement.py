@@ -184,6 +184,9 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
         if isinstance(change, Delete):
             session.delete(rows[change.instance_id])
     session.flush()
+    # Instances whose version changed: until their agent applies it, they run the old one. (A
+    # new instance runs nothing else; one moved to other GPUs still serves its version.)
+    respecified: list[Instance] = []
     for change in plan.changes:
         if isinstance(change, Create):
             session.add(
@@ -201,12 +204,28 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
             )
         elif isinstance(change, UpdateVersion):
             rows[change.instance_id].version_id = change.version_id
+            respecified.append(rows[change.instance_id])
         elif isinstance(change, UpdateGpus):
             rows[change.instance_id].gpu_indices = list(change.gpu_indices)
         elif isinstance(change, UpdateDesiredState):
             rows[change.instance_id].desired_state = change.desired_state
     session.flush()
     bump_generation(session, plan.host_ids())
+    ids = [row.id for row in respecified if row.id is not None]
+    if ids:
+        # The generation that carries the new spec: the host's, just bumped.
+        session.execute(
+            update(Instance)
+            .where(col(Instance.id).in_(ids))
+            .values(
+                spec_generation=select(Host.desired_generation)
+                .where(col(Host.id) == col(Instance.host_id))
+                .scalar_subquery()
+            ),
+            execution_options={"synchronize_session": False},
+        )
+        for row in respecified:
+            session.refresh(row, ["spec_generation"])
 
 
 # --- views of the store ------------------------------------------------------------------------

@@ -121,6 +121,8 @@ def _ready_instances(session: Session, now: datetime) -> dict[tuple[int, int], l
             col(Host.draining).is_(False),
             col(Host.advertise_address).is_not(None),
             has_agent_token(now),
+            # Until the agent applied the spec, the engine there is the one being replaced.
+            col(Host.applied_generation) >= col(Instance.spec_generation),
             or_(
                 col(Instance.observed_digest).is_(None),
                 col(Instance.observed_digest) == col(ModelVersion.digest),

@@ -114,6 +114,9 @@ class Api:
     settings: ControlPlaneSettings
     # The latest agent token `register` got for each host name.
     agent_tokens: dict[str, str] = field(default_factory=dict)
+    # The generation of the last desired state each agent token got (`fleet.beat` reports it
+    # applied at the next heartbeat, as an agent does).
+    generations: dict[str, int] = field(default_factory=dict)
 
     def auth(self, secret: str) -> dict[str, str]:
         """Headers for a token."""

@@ -26,10 +26,14 @@ def gpu_host(api: Api, name: str = "gpu-1", **body: Any) -> str:
 
 
 def beat(api: Api, agent: str, **body: Any) -> Any:
-    """A heartbeat of a host with 8 GPUs (a heartbeat without GPUs says the host has none)."""
+    """A heartbeat of a host with 8 GPUs (a heartbeat without GPUs says the host has none),
+    reporting the desired state the previous one got as applied, as an agent does."""
+    body.setdefault("applied_generation", api.generations.get(agent, 0))
     response = api.heartbeat(agent, gpus=[gpu(i) for i in range(8)], **body)
     assert response.status_code == 200, response.text
-    return response.json()
+    reply = response.json()
+    api.generations[agent] = reply["generation"]
+    return reply
 
 
 def serving_fleet(api: Api, per_host: int = 2, address: str | None = ADDRESS) -> str:
