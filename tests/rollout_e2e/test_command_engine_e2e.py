@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -242,30 +242,36 @@ def test_an_engine_without_metrics_is_not_scraped_and_the_gateway_counts_its_tra
     inst = ready_instance(ro, MOCK)
     running = datetime.now(UTC)  # the instance runs (and would be scraped) from before now
     client = client_of(ro)
+    seen: list[Any] = []
+
+    def traffic() -> list[Any]:
+        result = ro.dctl("deploy", "traffic", MOCK, "--json")
+        assert result.returncode == 0, result.stderr
+        seen[:] = versions = json.loads(result.stdout)["versions"]
+        return list(versions)
+
+    # What the gateway has reported of the earlier tests' requests, once it stopped growing
+    # (its windows reach the control plane every few seconds): these requests come on top.
+    before = wait_for("the earlier figures to settle", _settled(traffic), 60)
     sent_tokens = 0
     for n in range(6):
         done = client.completions.create(model=MOCK, prompt="Hello", max_tokens=5 + n)
         assert done.usage is not None
         sent_tokens += done.usage.completion_tokens
     assert sent_tokens == sum(5 + n for n in range(6))
-
-    # Before these, through the gateway: one answer of 1 token (`routed`), chat completions of
-    # 8 and 12; straight at the port (not the gateway's to count): one of 4.
-    want_tokens = sent_tokens + 1 + 8 + 12
-
-    seen: list[Any] = []
+    want_tokens = before["output_tokens"] + sent_tokens
 
     def counted() -> dict[str, Any] | None:
-        result = ro.dctl("deploy", "traffic", MOCK, "--json")
-        assert result.returncode == 0, result.stderr
-        seen[:] = versions = json.loads(result.stdout)["versions"]
+        versions = traffic()
         done = versions and versions[0]["output_tokens"] >= want_tokens
         return dict(versions[0]) if done else None
 
     try:
-        row = wait_for("the gateway's figures for mock", counted, 60)
+        row = wait_for("the gateway's figures for mock", counted, 90)
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {seen}\n{ro.fleet.stack.diagnostics()}") from None
+        raise AssertionError(
+            f"{exc}: {before} then {seen}\n{ro.fleet.stack.diagnostics()}"
+        ) from None
     assert row["version"] == "demo:v1" and row["output_tokens"] == want_tokens, row
     assert row["requests"] >= 9 and row["errors_5xx"] == 0, row
     assert row["latency_p95_s"] is not None
@@ -471,3 +477,19 @@ def test_a_rollback_to_the_dctl_engine_serves_and_fails_no_request(
     # The rollback replaces one instance at a time, so the other serves meanwhile.
     failed = [a for a in ro.load.since(start) if a.status != 200]
     assert not failed, f"{len(failed)} requests failed during the rollback: {failed[:3]}"
+
+
+def _settled(traffic: Callable[[], list[Any]]) -> Callable[[], dict[str, Any] | None]:
+    """A condition: the first version's figures, once two reads 3 s apart agree (and exist)."""
+    last: list[Any] = []
+
+    def check() -> dict[str, Any] | None:
+        versions = traffic()
+        now = dict(versions[0]) if versions else None
+        if now is not None and last and last[0] == now:
+            return now
+        last[:] = [now]
+        time.sleep(3)
+        return None
+
+    return check
