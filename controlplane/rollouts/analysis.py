@@ -337,23 +337,19 @@ def _unreported_note(interval: Interval) -> str | None:
     return f"n/a: the {kinds[0]} engine does not report it"
 
 
-def _unreported(
-    metric: str, stable: float | None, canary: float | None, limit: str, note: str
+def _unjudged(
+    metric: str,
+    stable: float | None,
+    canary: float | None,
+    limit: str,
+    note: str,
+    verdict: Verdict = "inconclusive",
 ) -> MetricVerdict:
-    """Not analysed: whatever figures one side has, the other engine has none to set them by."""
+    """Both figures, for the operator, but no verdict on them; NOTE says why (`n/a`: an engine
+    that does not report the figure, so not analysed at all)."""
     return MetricVerdict(
         metric=metric, unit="number", stable=stable, canary=canary, limit=limit,
-        verdict="n/a", note=note,
-    )  # fmt: skip
-
-
-def _not_comparable(
-    metric: str, stable: float | None, canary: float | None, limit: str, note: str
-) -> MetricVerdict:
-    """Both figures, for the operator, but no verdict on them."""
-    return MetricVerdict(
-        metric=metric, unit="number", stable=stable, canary=canary, limit=limit,
-        verdict="inconclusive", note=note,
+        verdict=verdict, note=note,
     )  # fmt: skip
 
 
@@ -367,19 +363,11 @@ def _ratio_at_most(
 ) -> MetricVerdict:
     limit = f"<= {ratio:g}x stable"
     if unreported is not None:
-        return _unreported(metric, stable, canary, limit, unreported)
+        return _unjudged(metric, stable, canary, limit, unreported, "n/a")
     if across is not None:
-        return _not_comparable(metric, stable, canary, limit, across)
+        return _unjudged(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
-        return MetricVerdict(
-            metric=metric,
-            unit="number",
-            stable=stable,
-            canary=canary,
-            limit=limit,
-            verdict="inconclusive",
-            note="no figures",
-        )
+        return _unjudged(metric, stable, canary, limit, "no figures")
     verdict: Verdict = "fail" if canary > stable * ratio else "pass"
     return MetricVerdict(
         metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
@@ -396,19 +384,11 @@ def _ratio_at_least(
 ) -> MetricVerdict:
     limit = f">= {ratio:g}x stable"
     if unreported is not None:
-        return _unreported(metric, stable, canary, limit, unreported)
+        return _unjudged(metric, stable, canary, limit, unreported, "n/a")
     if across is not None:
-        return _not_comparable(metric, stable, canary, limit, across)
+        return _unjudged(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
-        return MetricVerdict(
-            metric=metric,
-            unit="number",
-            stable=stable,
-            canary=canary,
-            limit=limit,
-            verdict="inconclusive",
-            note="no figures",
-        )
+        return _unjudged(metric, stable, canary, limit, "no figures")
     verdict: Verdict = "fail" if canary < stable * ratio else "pass"
     return MetricVerdict(
         metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
