@@ -1,8 +1,12 @@
-"""Processes as /proc shows them: the ranks below an engine server, whether pids still run."""
+"""Processes as /proc shows them (the ranks below an engine server, whether pids still run),
+and stopping one a test started."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from pathlib import Path
+from typing import Any
 
 
 def _parents() -> dict[int, int]:
@@ -44,3 +48,14 @@ def worker_ranks(pid: int) -> list[int]:
     """The ranks other than rank 0 (the server process PID): the children of its fork server
     (its other children, the fork server and multiprocessing's resource tracker, have none)."""
     return [rank for child in children(pid) for rank in children(child)]
+
+
+def stop(process: subprocess.Popen[Any], timeout_s: float = 20.0) -> None:
+    """SIGTERM a process a test started (by its pid), SIGKILL it after TIMEOUT_S, and reap it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -361,17 +361,7 @@ def _ratio_at_most(
     across: str | None,
     unreported: str | None = None,
 ) -> MetricVerdict:
-    limit = f"<= {ratio:g}x stable"
-    if unreported is not None:
-        return _unjudged(metric, stable, canary, limit, unreported, "n/a")
-    if across is not None:
-        return _unjudged(metric, stable, canary, limit, across)
-    if stable is None or canary is None or stable <= 0:
-        return _unjudged(metric, stable, canary, limit, "no figures")
-    verdict: Verdict = "fail" if canary > stable * ratio else "pass"
-    return MetricVerdict(
-        metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
-    )
+    return _ratio(metric, stable, canary, ratio, "<=", across, unreported)
 
 
 def _ratio_at_least(
@@ -382,14 +372,28 @@ def _ratio_at_least(
     across: str | None,
     unreported: str | None = None,
 ) -> MetricVerdict:
-    limit = f">= {ratio:g}x stable"
+    return _ratio(metric, stable, canary, ratio, ">=", across, unreported)
+
+
+def _ratio(
+    metric: str,
+    stable: float | None,
+    canary: float | None,
+    ratio: float,
+    bound: str,
+    across: str | None,
+    unreported: str | None,
+) -> MetricVerdict:
+    """The canary's figure held to RATIO x stable's, from above (`<=`) or below (`>=`)."""
+    limit = f"{bound} {ratio:g}x stable"
     if unreported is not None:
         return _unjudged(metric, stable, canary, limit, unreported, "n/a")
     if across is not None:
         return _unjudged(metric, stable, canary, limit, across)
     if stable is None or canary is None or stable <= 0:
         return _unjudged(metric, stable, canary, limit, "no figures")
-    verdict: Verdict = "fail" if canary < stable * ratio else "pass"
+    worse = canary > stable * ratio if bound == "<=" else canary < stable * ratio
+    verdict: Verdict = "fail" if worse else "pass"
     return MetricVerdict(
         metric=metric, unit="number", stable=stable, canary=canary, limit=limit, verdict=verdict
     )

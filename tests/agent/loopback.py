@@ -13,7 +13,6 @@ import http.server
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -298,14 +297,3 @@ def run_agent(tmp_path: Path, argv: list[str], env: dict[str, str]) -> subproces
 def agent_log(tmp_path: Path) -> str:
     """What the agent process wrote so far."""
     return (tmp_path / "agent.log").read_text()
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """SIGTERM the agent this test started (by its pid) and reap it."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import yaml
 
+from tests.processes import alive, children
+
 # An engine that reports each signal it gets to a file, then exits 0 on SIGINT (its drain).
 ENGINE = """
 import pathlib, signal, sys, time
@@ -48,19 +50,6 @@ def wait_for(condition, timeout_s: float = 20.0) -> None:  # type: ignore[no-unt
         time.sleep(0.05)
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def test_sigterm_reaches_the_engine_as_its_drain_signal_once(tmp_path: Path) -> None:
     front, report = start_front(tmp_path, drain="SIGINT")
     front.send_signal(signal.SIGTERM)
@@ -71,10 +60,10 @@ def test_sigterm_reaches_the_engine_as_its_drain_signal_once(tmp_path: Path) -> 
 
 def test_the_engine_does_not_outlive_a_killed_front(tmp_path: Path) -> None:
     front, _ = start_front(tmp_path)
-    (engine,) = children_of(front.pid)
+    (engine,) = children(front.pid)
     os.kill(front.pid, signal.SIGKILL)  # the front alone, not its group
     front.wait(timeout=10)
-    wait_for(lambda: not Path(f"/proc/{engine}").exists() or _zombie(engine))
+    wait_for(lambda: not alive([engine]))
 
 
 def test_the_front_exits_with_the_engines_status(tmp_path: Path) -> None:
@@ -84,10 +73,3 @@ def test_the_front_exits_with_the_engines_status(tmp_path: Path) -> None:
         [sys.executable, "-m", "agent.backends.fronted", "--config", str(config)], timeout=30
     )
     assert done.returncode == 3
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) == "Z"
-    except OSError:
-        return True

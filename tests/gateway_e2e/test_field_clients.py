@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -29,6 +28,7 @@ import yaml
 
 from tests.agent_e2e.conftest import free_port, wait_for
 from tests.gateway_e2e.conftest import Fleet
+from tests.processes import stop
 
 PROMPT_TOKENS = 32
 OUTPUT_TOKENS = 16
@@ -186,13 +186,7 @@ def litellm_proxy(fleet: Fleet, tmp_path: Path) -> Iterator[LiteLLMProxy]:
         wait_for("the LiteLLM proxy to be ready", ready, LITELLM_PROXY_START_S)
         yield proxy
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc, timeout_s=30)
 
 
 def assert_through_the_gateway(fleet: Fleet, headers: Mapping[str, str]) -> None:

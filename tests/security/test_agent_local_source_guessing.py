@@ -31,9 +31,9 @@ from tests.agent.loopback import (
     desired_instance,
     run_agent,
     settle,
-    stop,
     wait_until,
 )
+from tests.processes import stop
 
 SECRET = b"-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n"
 

@@ -22,9 +22,9 @@ from tests.agent.loopback import (
     desired_instance,
     run_agent,
     settle,
-    stop,
     wait_until,
 )
+from tests.processes import stop
 
 
 def test_a_malformed_engine_config_does_not_make_the_agent_process_exit(tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ from tests.agent.loopback import (
     agent_env,
     agent_log,
     run_agent,
-    stop,
     wait_until,
 )
+from tests.processes import stop
 
 BOOTSTRAP = "bootstrap-secret-4f1c"
 API_KEY = "sk-engine-secret-9d2e"

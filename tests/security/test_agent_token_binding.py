@@ -25,9 +25,9 @@ from tests.agent.loopback import (
     agent_for,
     agent_log,
     run_agent,
-    stop,
     wait_until,
 )
+from tests.processes import stop
 
 TOKEN = "agent-secret-token"
 
