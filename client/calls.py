@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, TypeAdapter
 
+from protocol.autoscale import AutoscalePolicy
 from protocol.gateway import (
     CanaryOut,
     CanarySet,
@@ -278,6 +279,24 @@ def update_deployment(name: str, change: DeploymentUpdate) -> Call[DeploymentOut
 def delete_deployment(name: str) -> Call[None]:
     """Delete a deployment; its agents stop its instances (operator)."""
     return Call("DELETE", f"{API}/deployments/{segment(name)}", nothing)
+
+
+def set_autoscale(name: str, policy: AutoscalePolicy) -> Call[DeploymentOut]:
+    """Scale deployment NAME on load within POLICY (again to change it) (operator)."""
+    body = policy.model_dump(mode="json")
+    path = f"{API}/deployments/{segment(name)}/autoscale"
+    return Call("PUT", path, one(DeploymentOut), json=body)
+
+
+def clear_autoscale(name: str) -> Call[DeploymentOut]:
+    """Stop autoscaling deployment NAME: it keeps the serving instances it has now (operator)."""
+    return Call("DELETE", f"{API}/deployments/{segment(name)}/autoscale", one(DeploymentOut))
+
+
+def wake_deployment(name: str) -> Call[None]:
+    """Ask for an instance of deployment NAME, scaled to zero, because a request waits for it
+    (gateway; a no-op for a deployment that has instances)."""
+    return Call("POST", f"{API}/deployments/{segment(name)}/wake", nothing)
 
 
 def set_canary(name: str, spec: CanarySet) -> Call[CanaryOut]:

@@ -63,6 +63,12 @@ class DeploymentRoute(ApiModel):
     stable: RoutePool
     canary: RoutePool | None = None
     canary_weight: int = Field(default=0, ge=0, le=100, description="percent of requests")
+    cold_start_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="set when the deployment scales to zero: with no instance ready, hold a "
+        "request this long, asking the control plane to wake it, before a 503",
+    )
 
 
 class RouteClient(ApiModel):

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from protocol.api_model import ApiModel
+from protocol.autoscale import AutoscalePolicy, AutoscaleStatus
 from protocol.rollout_policy import RolloutPolicy
 from protocol.version_ref import VersionRef
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS, CreatableRole
@@ -62,6 +63,14 @@ class InstanceOut(ApiModel):
     on_version: bool = Field(
         default=False, description="it reports its version's digest: it runs what it should"
     )
+    standby: bool = Field(
+        default=False, description="kept loaded but out of the gateway's pools (autoscaling)"
+    )
+    retiring: bool = Field(
+        default=False, description="out of the pools, finishing its requests before it stops"
+    )
+    requests_running: int | None = Field(default=None, description="as its engine last said")
+    requests_waiting: int | None = Field(default=None, description="as its engine last said")
 
 
 class HostOut(ApiModel):
@@ -201,6 +210,9 @@ class DeploymentCreate(ApiModel):
         description="GPUs each instance gets, its own on its host; omitted or 0: all GPUs",
     )
     engine_config: dict[str, Any] = Field(default_factory=dict)
+    autoscale: AutoscalePolicy | None = Field(
+        default=None, description="scale on load between min and max (instances_per_host unused)"
+    )
 
     _engine_config = field_validator("engine_config")(_check_engine_config)
 
@@ -257,6 +269,8 @@ class DeploymentOut(ApiModel):
     rollout_policy: RolloutPolicy = Field(
         default_factory=lambda: RolloutPolicy(), description="the deployment's own thresholds"
     )
+    autoscale: AutoscalePolicy | None = Field(default=None, description="None: fixed count")
+    autoscale_status: AutoscaleStatus | None = None
 
 
 # --- events ------------------------------------------------------------------------------------
