@@ -29,6 +29,7 @@ from controlplane.api.deps import AppContext, finite_numbers
 from controlplane.api.errors import install_error_handlers
 from controlplane.api.heartbeat_fastpath import HeartbeatFastPath
 from controlplane.auth import AgentTokenCache
+from controlplane.autoscaler.controller import AutoscaleController
 from controlplane.controllers.host_health import HostHealthController, HostHealthMonitor
 from controlplane.controllers.lease import DatabaseLease, new_holder_id
 from controlplane.controllers.loop import CONTROLLERS_LEASE, ControllerLoop, LeaderCollector
@@ -92,7 +93,9 @@ def create_app(
         engine, notify_allow_private=settings.notify_allow_private
     )
     controllers = ControllerLoop(
-        lease, [HostHealthController(ctx.health), rollout_controller], clock
+        lease,
+        [HostHealthController(ctx.health), rollout_controller, AutoscaleController(engine)],
+        clock,
     )
     metrics.registry.register(LeaderCollector(controllers))
 

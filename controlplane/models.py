@@ -16,7 +16,9 @@ from pydantic import BaseModel
 from sqlalchemy.engine import Dialect
 from sqlmodel import Field, SQLModel
 
+from controlplane.autoscaler.state import AutoscaleState
 from controlplane.rollouts.progress import RolloutProgress, RolloutSettings
+from protocol.autoscale import AutoscalePolicy
 from protocol.rollout_states import RolloutKind, RolloutPhase, RolloutState
 
 
@@ -225,6 +227,19 @@ class Deployment(SQLModel, table=True):
     # key: see migration 0004; a version deleted since is reported at rollback).
     rollback_version_id: int | None = None
     rollback_engine_config: dict[str, Any] | None = Field(default=None, sa_column=json_column())
+    # Autoscaling (`protocol.autoscale`): with a policy, `replicas` serving instances (the
+    # autoscaler's to choose) plus the policy's standby ones are spread over the placement's
+    # hosts instead of `instances_per_host` on each. `replicas` without a policy: a fixed count
+    # (autoscaling turned off keeps what it had).
+    autoscale: AutoscalePolicy | None = Field(
+        default=None, sa_column=sa.Column(ModelJSON(AutoscalePolicy), nullable=True)
+    )
+    replicas: int | None = None
+    autoscale_state: AutoscaleState = Field(
+        default_factory=AutoscaleState, sa_column=model_column(AutoscaleState)
+    )
+    # A gateway holds a request for this deployment (scaled to zero) since then.
+    wake_requested_at: datetime | None = Field(default=None, sa_column=utc_column())
     created_at: datetime = Field(sa_column=utc_column(False))
     updated_at: datetime = Field(sa_column=utc_column(False))
 
@@ -257,6 +272,17 @@ class Instance(SQLModel, table=True):
         default=0, sa_column=sa.Column(sa.Integer, nullable=False, server_default="0")
     )
     message: str = Field(default="", max_length=1000)
+    # Autoscaling: loaded and ready, but out of the gateway's pools until promoted.
+    standby: bool = Field(
+        default=False, sa_column=sa.Column(sa.Boolean, nullable=False, server_default=sa.false())
+    )
+    # Scaled down: out of the pools since it was set; stopped (deleted) once this time passes,
+    # when every gateway has stopped sending to it and its last requests have gone in.
+    retire_at: datetime | None = Field(default=None, sa_column=utc_column())
+    # Its engine's load as last reported (dllm_requests_running / _waiting): the autoscaler's
+    # signal. None: not reported (yet).
+    requests_running: int | None = None
+    requests_waiting: int | None = None
     created_at: datetime = Field(sa_column=utc_column(False))
     observed_at: datetime | None = Field(default=None, sa_column=utc_column())
 

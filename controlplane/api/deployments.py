@@ -9,10 +9,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from fastapi import Path as PathParam
 
-from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer
+from controlplane.api.deps import ContextDep, Operator, SessionDep, Viewer, Waker
 from controlplane.api.views import canary_out, deployments_out
 from controlplane.auth import Role
-from controlplane.services import canary, deployments, traffic
+from controlplane.services import autoscale, canary, deployments, traffic
+from protocol.autoscale import AutoscalePolicy
 from protocol.gateway import CanaryOut, CanarySet, DeploymentTraffic
 from protocol.rest import DeploymentCreate, DeploymentOut, DeploymentUpdate
 
@@ -68,6 +69,37 @@ def delete_deployment(
     deployments.delete_deployment(session, ctx.clock(), who.actor, name)
     session.commit()
     return Response(status_code=204)
+
+
+@router.put("/{name}/autoscale", response_model=DeploymentOut)
+def set_autoscale(
+    name: NamePath, body: AutoscalePolicy, session: SessionDep, ctx: ContextDep, who: Operator
+) -> DeploymentOut:
+    """Scale the deployment on its load between `min` and `max` serving instances, with
+    `standby` loaded ones out of the pools; again to change the policy. Refused (nothing
+    changes) when the count it starts from does not fit."""
+    deployment = autoscale.set_policy(session, ctx.clock(), who.actor, name, body)
+    session.commit()
+    return deployments_out(session, [deployment], admin=who.may(Role.ADMIN))[0]
+
+
+@router.delete("/{name}/autoscale", response_model=DeploymentOut)
+def clear_autoscale(
+    name: NamePath, session: SessionDep, ctx: ContextDep, who: Operator
+) -> DeploymentOut:
+    """Stop autoscaling: the deployment keeps the serving instances it has; standby ones stop."""
+    deployment = autoscale.clear_policy(session, ctx.clock(), who.actor, name)
+    session.commit()
+    return deployments_out(session, [deployment], admin=who.may(Role.ADMIN))[0]
+
+
+@router.post("/{name}/wake", status_code=202)
+def wake(name: NamePath, session: SessionDep, ctx: ContextDep, _who: Waker) -> Response:
+    """A request waits at a gateway for this deployment, scaled to zero: start an instance.
+    202 when one will start, 204 when the deployment is not scaled to zero (nothing to do)."""
+    woken = autoscale.request_wake(session, ctx.clock(), name)
+    session.commit()
+    return Response(status_code=202 if woken else 204)
 
 
 @router.put("/{name}/canary", response_model=CanaryOut)

@@ -158,3 +158,5 @@ Agent = Annotated[Principal, Depends(RoleGate(Role.AGENT))]
 AdminOrAgent = Annotated[Principal, Depends(RoleGate(Role.ADMIN, Role.AGENT))]
 # Gateways only, not even admins: the routing table carries every engine's API key.
 Gateway = Annotated[Principal, Depends(RoleGate(Role.GATEWAY))]
+# A gateway holding a request for a deployment scaled to zero, or an operator, may wake it.
+Waker = Annotated[Principal, Depends(RoleGate(Role.GATEWAY, Role.OPERATOR))]

@@ -8,8 +8,10 @@ from typing import Any
 from sqlmodel import Session, col, select
 
 from controlplane.models import ApiToken, Deployment, Host, Instance, Model, ModelVersion
+from controlplane.planner.fit import engine_settings
 from controlplane.services.canary import Canary
 from controlplane.services.placement import active_rollouts
+from protocol.autoscale import AutoscaleStatus
 from protocol.gateway import CanaryOut
 from protocol.rest import (
     DeploymentOut,
@@ -58,6 +60,10 @@ def instances_out(session: Session, *where: Any) -> list[InstanceOut]:
             observed_digest=inst.observed_digest,
             on_version=inst.observed_digest == version.digest
             and host.applied_generation >= inst.spec_generation,
+            standby=inst.standby,
+            retiring=inst.retire_at is not None,
+            requests_running=inst.requests_running,
+            requests_waiting=inst.requests_waiting,
         )
         for inst, dep, host, version in rows
     ]
@@ -209,9 +215,41 @@ def deployments_out(
             rollout_policy=RolloutPolicy.model_validate(d.rollout_policy)
             if admin
             else RolloutPolicy.model_validate(d.rollout_policy).masked(),
+            autoscale=d.autoscale,
+            autoscale_status=autoscale_status(d, instances.get(d.name, [])),
         )
         for d in deployments
     ]
+
+
+def autoscale_status(
+    deployment: Deployment, instances: list[InstanceOut]
+) -> AutoscaleStatus | None:
+    """Where an autoscaled deployment stands (None: it does not autoscale)."""
+    policy = deployment.autoscale
+    if policy is None:
+        return None
+    replicas = deployment.replicas or 0
+    live = [i for i in instances if not i.retiring]
+    serving = [i for i in live if not i.standby]
+    ready = [i for i in serving if i.observed_state == "ready" and i.on_version]
+    running = sum(i.requests_running or 0 for i in ready)
+    waiting = sum(i.requests_waiting or 0 for i in ready)
+    max_concurrent = engine_settings(deployment.engine_config).service.max_concurrent_requests
+    state = deployment.autoscale_state
+    return AutoscaleStatus(
+        replicas=replicas,
+        standby=policy.standby if replicas > 0 else 0,
+        serving_ready=len(ready),
+        standby_ready=sum(1 for i in live if i.standby and i.observed_state == "ready"),
+        placed=len(live),
+        queue_per_instance=round(waiting / len(ready), 3) if ready else None,
+        utilization=round(running / (len(ready) * max(1, max_concurrent)), 3) if ready else None,
+        pinned_at_max_since=state.pinned_at_max_since,
+        starved_since=state.starved_since,
+        starved_reason=state.starved_reason,
+        last_decision=state.last_decision,
+    )
 
 
 def canary_out(canary: Canary) -> CanaryOut:

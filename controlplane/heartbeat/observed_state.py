@@ -31,6 +31,20 @@ from controlplane.models import Deployment, Event, Gpu, Instance, UTCDateTime
 from protocol.wire import GpuStatus, Heartbeat, HostState, ModelVersionRef
 
 _GPU_LIST = TypeAdapter(list[GpuStatus])
+# The gauges the autoscaler reads (the agent maps other engines' names onto these).
+RUNNING_GAUGE = "dllm_requests_running"
+WAITING_GAUGE = "dllm_requests_waiting"
+# Larger is no engine's real count; the column is a 32-bit integer.
+MAX_REQUESTS = 2**31 - 1
+
+
+def _count(value: float | None) -> int | None:
+    """A reported gauge as a request count (None: not reported)."""
+    if value is None:
+        return None
+    return min(max(round(value), 0), MAX_REQUESTS)
+
+
 # Instances remembered per host: four heartbeats' worth at most (a host runs far fewer).
 MAX_REMEMBERED_INSTANCES = 1024
 
@@ -93,6 +107,8 @@ class _Statements:
                 last_exit=bindparam("b_exit"),
                 observed_digest=bindparam("b_digest"),
                 message=bindparam("b_message"),
+                requests_running=bindparam("b_running"),
+                requests_waiting=bindparam("b_waiting"),
                 observed_at=bindparam("b_now"),
             )
         )
@@ -296,7 +312,10 @@ class ObservedStateWriter:
             # remembered here): start over rather than keep every id it ever sent.
             memory.observed.clear()
         rows = []
+        # The engines' load, the autoscaler's signal: written with the rest when it changes.
+        gauges = {m.instance_id: m.gauges for m in beat.metrics}
         for inst in beat.instances:
+            load = gauges.get(inst.instance_id, {})
             observed = (
                 inst.state.value,
                 inst.pid,
@@ -304,6 +323,8 @@ class ObservedStateWriter:
                 inst.last_exit.model_dump(mode="json") if inst.last_exit else None,
                 inst.version_digest,
                 inst.message,
+                _count(load.get(RUNNING_GAUGE)),
+                _count(load.get(WAITING_GAUGE)),
             )
             if memory.observed.get(inst.instance_id) == observed:
                 continue
@@ -317,6 +338,8 @@ class ObservedStateWriter:
                     "b_exit": observed[3],
                     "b_digest": observed[4],
                     "b_message": observed[5],
+                    "b_running": observed[6],
+                    "b_waiting": observed[7],
                 }
             )
         if not rows:

@@ -33,6 +33,13 @@ The rules, per deployment:
   created right after `dctl host provision` fail; the next planning after the host reports its
   GPUs gives exclusive instances their indices.
 
+Autoscaled deployments (`DeploymentView.total` set) ask for a count for the whole deployment
+instead: `spread` keeps instances where they are and puts new ones on the host with the fewest
+that has room (free GPUs and ports), draining hosts left out; what fits nowhere is a "capacity"
+problem. `standby` of them are kept out of the gateway's pools (new instances first, so a
+scale-up promotes a loaded standby), always on the stable version. Instances being retired
+(scaled down) keep their ports and GPUs but no longer count; once drained they are deleted.
+
 A host where the deployment does not fit (ports, GPUs or memory) gets no new instances and no GPU
 or version changes; the plan carries a `Problem` for it instead. Deletions and desired-state
 changes always go through, so draining and scaling down work even on a full host.
@@ -46,6 +53,7 @@ from controlplane.planner.changes import (
     Problem,
     UpdateDesiredState,
     UpdateGpus,
+    UpdateStandby,
     UpdateVersion,
     apply_changes,
 )
@@ -77,6 +85,7 @@ __all__ = [
     "RolloutView",
     "UpdateDesiredState",
     "UpdateGpus",
+    "UpdateStandby",
     "UpdateVersion",
     "VersionView",
     "apply_changes",

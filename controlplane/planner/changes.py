@@ -20,6 +20,7 @@ class Create:
     port: int
     gpu_indices: tuple[int, ...]
     desired_state: str
+    standby: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,16 @@ class UpdateDesiredState:
     desired_state: str
 
 
-Change = Create | Delete | UpdateVersion | UpdateGpus | UpdateDesiredState
+@dataclass(frozen=True)
+class UpdateStandby:
+    """An instance to move into the gateway's pools (promoted) or out of them (standby)."""
+
+    instance_id: int
+    host_id: int
+    standby: bool
+
+
+Change = Create | Delete | UpdateVersion | UpdateGpus | UpdateDesiredState | UpdateStandby
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,9 @@ class Problem:
     """Why a deployment does not fit on a host; the message says what to change."""
 
     deployment_id: int
-    host_id: int
-    kind: Literal["ports", "gpus", "memory"]
+    # None: not one host's problem (the deployment's hosts together have too little room).
+    host_id: int | None
+    kind: Literal["ports", "gpus", "memory", "capacity"]
     message: str
 
 
@@ -78,8 +89,8 @@ class Plan:
     problems: list[Problem] = field(default_factory=list)
 
     def host_ids(self) -> set[int]:
-        """Hosts whose desired state changes."""
-        return {change.host_id for change in self.changes}
+        """Hosts whose desired state changes (a standby flag is the control plane's alone)."""
+        return {c.host_id for c in self.changes if not isinstance(c, UpdateStandby)}
 
 
 def apply_changes(
@@ -103,6 +114,7 @@ def apply_changes(
                 version_id=change.version_id,
                 gpu_indices=change.gpu_indices,
                 desired_state=change.desired_state,
+                standby=change.standby,
             )
             next_id -= 1
         elif isinstance(change, Delete):
@@ -115,8 +127,12 @@ def apply_changes(
 _T = TypeVar("_T", InstanceView, Create)
 
 
-def updated(target: _T, change: UpdateVersion | UpdateGpus | UpdateDesiredState) -> _T:
+def updated(
+    target: _T, change: UpdateVersion | UpdateGpus | UpdateDesiredState | UpdateStandby
+) -> _T:
     """`target` (a stored or a planned instance) with one field changed."""
+    if isinstance(change, UpdateStandby):
+        return replace(target, standby=change.standby)
     if isinstance(change, UpdateVersion):
         return replace(target, version_id=change.version_id)
     if isinstance(change, UpdateGpus):

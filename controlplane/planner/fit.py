@@ -52,6 +52,7 @@ class Slot:
     current: InstanceView | None = None
     port: int = 0
     version_id: int = 0
+    standby: bool = False
 
 
 @dataclass

@@ -12,11 +12,13 @@ from controlplane.planner.changes import (
     Problem,
     UpdateDesiredState,
     UpdateGpus,
+    UpdateStandby,
     UpdateVersion,
     apply_changes,
     updated,
 )
 from controlplane.planner.fit import Slot, draft_host, memory_problem
+from controlplane.planner.spread import spread
 from controlplane.planner.views import (
     RUNNING,
     STOPPED,
@@ -44,9 +46,16 @@ def plan_deployment(
     own: dict[int, list[InstanceView]] = {}
     others: dict[int, list[InstanceView]] = {}
     for inst in sorted(instances, key=lambda i: (i.ordinal, i.id)):
-        group = own if inst.deployment_id == deployment.id else others
-        group.setdefault(inst.host_id, []).append(inst)
+        if inst.deployment_id == deployment.id and inst.id in deployment.retired:
+            plan.changes.append(Delete(inst.id, inst.host_id))
+            continue
+        # Retiring instances keep their ports and GPUs, but are no longer the deployment's.
+        owned = inst.deployment_id == deployment.id and inst.id not in deployment.retiring
+        (own if owned else others).setdefault(inst.host_id, []).append(inst)
     targets = [h for h in sorted(hosts, key=lambda h: h.id) if deployment.selects(h)]
+    if deployment.total is not None:
+        # A whole-deployment count: draining hosts give theirs up to the others.
+        targets = [h for h in targets if not h.draining]
     target_ids = {h.id for h in targets}
     for host_id, mine in own.items():
         if host_id not in target_ids:
@@ -54,11 +63,10 @@ def plan_deployment(
 
     # Surge instances go one per host, in host order, on top of the deployment's own.
     extra = rollout.extra() if rollout is not None else 0
+    counts = _host_counts(deployment, extra, targets, own, others, plan)
     drafts = []
-    for n, host in enumerate(targets):
-        wanted = deployment.instances_per_host + (
-            extra // len(targets) + (1 if n < extra % len(targets) else 0)
-        )
+    for host in targets:
+        wanted = counts[host.id]
         mine = own.get(host.id, [])
         kept, dropped = mine[:wanted], mine[wanted:]
         plan.changes += [Delete(i.id, host.id) for i in dropped]
@@ -68,7 +76,9 @@ def plan_deployment(
                 plan.changes.append(UpdateDesiredState(inst.id, host.id, state))
         drafts.append(draft_host(deployment, host, kept, others.get(host.id, []), wanted))
 
-    _choose_versions(deployment, rollout, [s for d in drafts for s in d.slots])
+    slots = [s for d in drafts for s in d.slots]
+    _choose_standby(deployment, slots)
+    _choose_versions(deployment, rollout, [s for s in slots if not s.standby])
     for draft in drafts:
         problem = draft.problem or memory_problem(deployment, draft, versions)
         if problem is not None:
@@ -130,6 +140,43 @@ def _fold(created: dict[int, Create], change: Change) -> None:
         created[change.instance_id] = updated(created[change.instance_id], change)
 
 
+def _host_counts(
+    deployment: DeploymentView,
+    extra: int,
+    targets: list[HostView],
+    own: dict[int, list[InstanceView]],
+    others: dict[int, list[InstanceView]],
+    plan: Plan,
+) -> dict[int, int]:
+    """Instances per target host: `instances_per_host` each, or the deployment's total spread
+    where there is room; surge instances on top."""
+    if deployment.total is not None:
+        placed = spread(deployment, deployment.total + extra, targets, own, others)
+        if placed.problem is not None:
+            plan.problems.append(placed.problem)
+        return placed.wanted
+    return {
+        host.id: deployment.instances_per_host
+        + (extra // len(targets) + (1 if n < extra % len(targets) else 0))
+        for n, host in enumerate(targets)
+    }
+
+
+def _choose_standby(deployment: DeploymentView, slots: list[Slot]) -> None:
+    """Mark `standby` of the slots out of the pools: new instances first (so a scale-up
+    promotes a standby that is loaded already, and the new one takes its place), then those on
+    standby now, then the newest serving ones."""
+    count = min(deployment.standby, len(slots))
+    fresh = [s for s in slots if s.current is None]
+    waiting = [s for s in slots if s.current is not None and s.current.standby]
+    serving = sorted(
+        (s for s in slots if s.current is not None and not s.current.standby),
+        key=lambda s: -s.current.id if s.current else 0,
+    )
+    for slot in [*fresh, *waiting, *serving][:count]:
+        slot.standby = True
+
+
 def _choose_versions(
     deployment: DeploymentView, rollout: RolloutView | None, slots: list[Slot]
 ) -> None:
@@ -167,9 +214,12 @@ def _slot_changes(deployment: DeploymentView, slot: Slot) -> list[Change]:
                 port=slot.port,
                 gpu_indices=slot.gpu_indices,
                 desired_state=state,
+                standby=slot.standby,
             )
         ]
     changes: list[Change] = []
+    if current.standby != slot.standby:
+        changes.append(UpdateStandby(current.id, slot.host.id, slot.standby))
     if current.version_id != slot.version_id:
         changes.append(UpdateVersion(current.id, slot.host.id, slot.version_id))
     if current.gpu_indices != slot.gpu_indices:

@@ -48,6 +48,15 @@ class DeploymentView:
     parallel_size: int | None = None
     # Instances a rolling restart holds stopped until their agent reports them stopped.
     held_stopped: frozenset[int] = frozenset()
+    # A count for the whole deployment instead of `instances_per_host` on each host (autoscaled,
+    # or fixed when autoscaling was turned off): `total` instances, `standby` of them out of
+    # the pools. None: per host.
+    total: int | None = None
+    standby: int = 0
+    # Scaled down: out of the pools, still holding their ports and GPUs until they stop.
+    retiring: frozenset[int] = frozenset()
+    # Scaled down and drained: to be deleted (their agent stops them).
+    retired: frozenset[int] = frozenset()
 
     def selects(self, host: HostView) -> bool:
         """True when the placement names this host or the host carries all its labels."""
@@ -68,6 +77,7 @@ class InstanceView:
     version_id: int
     gpu_indices: tuple[int, ...] = ()
     desired_state: str = RUNNING
+    standby: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from sqlmodel import Session, col, func, select
 
 from controlplane.eventlog import record_event
 from controlplane.models import Deployment, Host, Instance, ModelVersion, Rollout
-from controlplane.rollouts.machine import LEADERLESS_GAP, RolloutMachine
+from controlplane.rollouts.machine import LEADERLESS_GAP, RolloutMachine, canary_size
 from controlplane.rollouts.messages import (
     Command,
     Effect,
@@ -378,7 +378,19 @@ def label(session: Session, version_id: int) -> str:
 
 
 def own_total(session: Session, deployment: Deployment) -> int:
-    """The deployment's own instances (surge ones, beyond its instances per host, left out)."""
+    """The deployment's own instances (surge ones, beyond its instances per host, left out;
+    of an autoscaled one, its serving count: standby and retiring ones left out too)."""
+    if deployment.replicas is not None:
+        serving = session.exec(
+            select(func.count())
+            .select_from(Instance)
+            .where(
+                Instance.deployment_id == deployment.id,
+                col(Instance.standby).is_(False),
+                col(Instance.retire_at).is_(None),
+            )
+        ).one()
+        return min(serving, deployment.replicas)
     return session.exec(
         select(func.count())
         .select_from(Instance)
@@ -387,6 +399,22 @@ def own_total(session: Session, deployment: Deployment) -> int:
             Instance.ordinal < deployment.instances_per_host,
         )
     ).one()
+
+
+def rescale_canary(session: Session, rollout: Rollout, total: int) -> int:
+    """The canary instances an active ROLLOUT keeps when its deployment scales to TOTAL serving
+    instances (the autoscaler), written to it: a timed step's share of them (as the step would
+    have taken), a manual canary's count while stable keeps one. Returns the count."""
+    if rollout.kind == RolloutKind.MANUAL:
+        count = min(rollout.canary_instances, max(total - 1, 0))
+    elif rollout.phase == RolloutPhase.ANALYSING and rollout.canary_weight > 0:
+        count = canary_size(rollout.canary_weight, total, rollout.settings.surge)
+    else:
+        return rollout.canary_instances  # a step still starting sizes itself from the total
+    if count != rollout.canary_instances:
+        rollout.canary_instances = count
+        session.add(rollout)
+    return count
 
 
 def instance_total(session: Session, deployment_id: int) -> int:

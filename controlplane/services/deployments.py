@@ -56,6 +56,10 @@ def create_deployment(
         placement_labels=dict(spec.placement.labels),
         instances_per_host=spec.instances_per_host,
         gpus_per_instance=spec.gpus_per_instance or None,
+        autoscale=spec.autoscale,
+        # Autoscaled: it starts at its min, but with one instance at least, so that the model is
+        # seen to load (a min of 0 then idles down to zero).
+        replicas=max(spec.autoscale.min, 1) if spec.autoscale is not None else None,
         created_at=now,
         updated_at=now,
     )
@@ -70,7 +74,11 @@ def create_deployment(
         "deployment.created",
         f"deployment/{spec.name}",
         f"deployment {spec.name} created: {VersionRef(spec.model, spec.version)}, "
-        f"{spec.instances_per_host} per host",
+        + (
+            f"autoscaled {spec.autoscale.min}..{spec.autoscale.max} from {deployment.replicas}"
+            if spec.autoscale is not None
+            else f"{spec.instances_per_host} per host"
+        ),
         model=spec.model,
         version=spec.version,
         gpus_per_instance=deployment.gpus_per_instance,
@@ -96,7 +104,14 @@ def update_deployment(
     old_version, old_config = deployment.stable_version_id, deployment.engine_config
     changes: dict[str, Any] = {}
     if change.instances_per_host is not None:
+        if deployment.autoscale is not None:
+            raise Conflict(
+                f"deployment {name} autoscales ({deployment.autoscale.min}.."
+                f"{deployment.autoscale.max}): change its bounds with `dctl deploy autoscale "
+                f"{name} --min N --max M`, or turn it off (--off) to set instances per host"
+            )
         deployment.instances_per_host = change.instances_per_host
+        deployment.replicas = None  # a count per host again, not one for the deployment
         changes["instances_per_host"] = change.instances_per_host
     if change.gpus_per_instance is not None:
         deployment.gpus_per_instance = change.gpus_per_instance or None

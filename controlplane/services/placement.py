@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import update
@@ -36,6 +37,7 @@ from controlplane.planner import (
     RolloutView,
     UpdateDesiredState,
     UpdateGpus,
+    UpdateStandby,
     UpdateVersion,
     VersionView,
     gpu_ranks,
@@ -74,7 +76,7 @@ def place_deployment(session: Session, now: datetime, deployment: Deployment) ->
     Ports running out is a 409 (as it always was: the fleet is full); GPUs or memory that do not
     fit are a 422 (the request asks for something impossible).
     """
-    plan, _hosts = _plan_one(session, deployment)
+    plan, _hosts = _plan_one(session, deployment, now)
     if plan.problems:
         message = "; ".join(p.message for p in plan.problems)
         if all(p.kind == "ports" for p in plan.problems):
@@ -88,17 +90,24 @@ def replan_deployment(session: Session, now: datetime, actor: str, deployment: D
     """Plan and apply one deployment, applying what fits; an event names each host where the
     rest does not (as `place_fleet` does). For changes that must not be refused, such as ending
     a canary: what does not fit now is placed by a later planning."""
-    plan, hosts = _plan_one(session, deployment)
+    plan, hosts = _plan_one(session, deployment, now)
     apply_plan(session, plan, now)
     assert deployment.id is not None
     _record_problems(session, now, actor, plan, {deployment.id: deployment.name}, hosts)
     return plan
 
 
-def _plan_one(session: Session, deployment: Deployment) -> tuple[Plan, list[HostView]]:
-    """The plan of one deployment with its active rollout, and the hosts it was made for."""
+def _plan_one(
+    session: Session, deployment: Deployment, now: datetime | None = None
+) -> tuple[Plan, list[HostView]]:
+    """The plan of one deployment with its active rollout, and the hosts it was made for
+    (retiring instances whose time came by NOW deleted; None: none are)."""
     assert deployment.id is not None
-    view = deployment_view(deployment, load_held(session, [deployment.id]).get(deployment.id))
+    view = deployment_view(
+        deployment,
+        load_held(session, [deployment.id]).get(deployment.id),
+        load_retiring(session, now, [deployment.id]).get(deployment.id),
+    )
     hosts = load_hosts(session)
     rollout = load_rollouts(session, [view.id]).get(view.id)
     wanted = [view.stable_version_id] + ([rollout.canary_version_id] if rollout else [])
@@ -113,7 +122,10 @@ def surge_problems(
 ) -> list[str]:
     """Why SURGE extra instances of VERSION_ID would not fit beside the deployment's own (an
     empty list: they fit). Nothing is written."""
-    view = deployment_view(deployment)
+    assert deployment.id is not None
+    view = deployment_view(
+        deployment, retiring=load_retiring(session, None, [deployment.id]).get(deployment.id)
+    )
     hosts = load_hosts(session)
     rollout = RolloutView(version_id, surge, surge)
     wanted = [view.stable_version_id, version_id]
@@ -130,8 +142,10 @@ def place_fleet(session: Session, now: datetime, actor: str) -> Plan:
     the host change that caused it has happened already and is not refused.
     """
     held = load_held(session)
+    retiring = load_retiring(session, now)
     views = [
-        deployment_view(d, held.get(d.id or 0)) for d in session.exec(select(Deployment)).all()
+        deployment_view(d, held.get(d.id or 0), retiring.get(d.id or 0))
+        for d in session.exec(select(Deployment)).all()
     ]
     hosts = load_hosts(session)
     rollouts = load_rollouts(session)
@@ -167,7 +181,7 @@ def _record_problems(
             "deployment.unplaced",
             f"deployment/{deployment_names[problem.deployment_id]}",
             problem.message,
-            host=host_names[problem.host_id],
+            host=host_names[problem.host_id] if problem.host_id is not None else None,
             reason=problem.kind,
         )
 
@@ -199,6 +213,7 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
                     gpu_indices=list(change.gpu_indices),
                     api_key=new_instance_key(),
                     desired_state=change.desired_state,
+                    standby=change.standby,
                     created_at=now,
                 )
             )
@@ -209,6 +224,8 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
             rows[change.instance_id].gpu_indices = list(change.gpu_indices)
         elif isinstance(change, UpdateDesiredState):
             rows[change.instance_id].desired_state = change.desired_state
+        elif isinstance(change, UpdateStandby):
+            rows[change.instance_id].standby = change.standby
     session.flush()
     bump_generation(session, plan.host_ids())
     ids = [row.id for row in respecified if row.id is not None]
@@ -231,11 +248,30 @@ def apply_plan(session: Session, plan: Plan, now: datetime) -> None:
 # --- views of the store ------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Retiring:
+    """A deployment's scaled-down instances: still draining, and drained (to delete)."""
+
+    draining: frozenset[int] = frozenset()
+    drained: frozenset[int] = frozenset()
+
+
 def deployment_view(
-    deployment: Deployment, held_stopped: frozenset[int] | None = None
+    deployment: Deployment,
+    held_stopped: frozenset[int] | None = None,
+    retiring: Retiring | None = None,
 ) -> DeploymentView:
-    """What the planner needs of a deployment row (and of its restart: HELD_STOPPED)."""
+    """What the planner needs of a deployment row (and of its restart: HELD_STOPPED; of its
+    scaled-down instances: RETIRING)."""
     assert deployment.id is not None
+    retiring = retiring or Retiring()
+    total = None
+    standby = 0
+    if deployment.replicas is not None:
+        # Standby instances only beside serving ones: a deployment scaled to zero runs none.
+        policy = deployment.autoscale
+        standby = policy.standby if policy is not None and deployment.replicas > 0 else 0
+        total = deployment.replicas + standby
     return DeploymentView(
         id=deployment.id,
         name=deployment.name,
@@ -247,7 +283,32 @@ def deployment_view(
         kv_reserve_tokens=kv_reserve_tokens(deployment.engine_config),
         parallel_size=gpu_ranks(deployment.engine_config),
         held_stopped=held_stopped or frozenset(),
+        total=total,
+        standby=standby,
+        retiring=retiring.draining,
+        retired=retiring.drained,
     )
+
+
+def load_retiring(
+    session: Session, now: datetime | None, deployment_ids: Collection[int] | None = None
+) -> dict[int, Retiring]:
+    """The instances being retired, of each deployment that has some (of DEPLOYMENT_IDS; None:
+    all), split by whether their time came by NOW (None: none did) (one query)."""
+    query = select(Instance.id, Instance.deployment_id, Instance.retire_at).where(
+        col(Instance.retire_at).is_not(None)
+    )
+    if deployment_ids is not None:
+        query = query.where(col(Instance.deployment_id).in_(set(deployment_ids)))
+    found: dict[int, tuple[set[int], set[int]]] = {}
+    for inst_id, dep_id, retire_at in session.exec(query).all():
+        assert inst_id is not None and retire_at is not None
+        draining, drained = found.setdefault(dep_id, (set(), set()))
+        (drained if now is not None and retire_at <= now else draining).add(inst_id)
+    return {
+        dep_id: Retiring(frozenset(draining), frozenset(drained))
+        for dep_id, (draining, drained) in found.items()
+    }
 
 
 def load_hosts(session: Session) -> list[HostView]:
@@ -284,6 +345,7 @@ def load_instances(session: Session) -> list[InstanceView]:
             version_id=row.version_id,
             gpu_indices=tuple(row.gpu_indices),
             desired_state=row.desired_state,
+            standby=row.standby,
         )
         for row in session.exec(select(Instance).order_by(col(Instance.id))).all()
         if row.id is not None

@@ -1,7 +1,8 @@
 """The routing table gateways poll (`GET /api/v1/routes`): where each deployment's requests go.
 
 Per deployment: the model names it serves (its own name), the stable pool (the stable version
-and its ready instances) and, while a rollout is active, the canary pool at the rollout's weight.
+and its ready instances) and, while a rollout is active, the canary pool at the rollout's weight;
+for one that may scale to zero, how long a gateway holds a request while it wakes.
 Beside them, the client tokens gateways accept (hashes, never secrets) with their grants: the
 deployments each may use, whether it may pin a pool, its concurrency cap.
 
@@ -9,7 +10,8 @@ An instance is in a pool only when it can take a request now: observed ready, de
 on a host that is ready and not draining, with an advertise address (an instance whose host
 gave none is left out rather than guessed at) and a working agent token (the address is the
 agent's word: once its token is revoked or expired, not another request goes there, without
-waiting for its heartbeats to be missed), and running the pool's version (the digest it
+waiting for its heartbeats to be missed), neither a standby nor being retired by the autoscaler,
+and running the pool's version (the digest it
 reports is the version's: an instance moved to another version is out until its engine
 restarted on it).
 
@@ -37,19 +39,18 @@ from protocol.wire import DesiredInstanceState, HostState, InstanceState
 
 def routing_table(session: Session, now: datetime) -> RouteTable:
     """The routing table as the store holds it now, with its ETag (five queries)."""
-    deployments = session.exec(
-        select(Deployment.id, Deployment.name, Deployment.stable_version_id).order_by(
-            col(Deployment.name)
-        )
-    ).all()
+    deployments = [
+        (d.id, d.name, d.stable_version_id, d.autoscale)
+        for d in session.exec(select(Deployment).order_by(col(Deployment.name))).all()
+    ]
     rollouts = active_rollouts(session)
-    wanted = [stable_id for _id, _name, stable_id in deployments] + [
+    wanted = [stable_id for _id, _name, stable_id, _policy in deployments] + [
         r.to_version_id for r in rollouts.values()
     ]
     labels = {vid: v.label for vid, v in load_versions(session, wanted).items()}
     pools = _ready_instances(session, now)
     routes = []
-    for dep_id, name, stable_id in deployments:
+    for dep_id, name, stable_id, policy in deployments:
         assert dep_id is not None
         rollout = rollouts.get(dep_id)
         canary = None
@@ -70,6 +71,9 @@ def routing_table(session: Session, now: datetime) -> RouteTable:
                 ),
                 canary=canary,
                 canary_weight=rollout.canary_weight if rollout is not None else 0,
+                cold_start_timeout_s=policy.cold_start_timeout_s
+                if policy is not None and policy.min == 0
+                else None,
             )
         )
     table = RouteTable(etag="", deployments=routes, clients=_clients(session, now))
@@ -117,6 +121,9 @@ def _ready_instances(session: Session, now: datetime) -> dict[tuple[int, int], l
         .where(
             col(Instance.observed_state) == InstanceState.READY.value,
             col(Instance.desired_state) == DesiredInstanceState.RUNNING.value,
+            # Autoscaling: standby instances wait to be promoted, retiring ones to stop.
+            col(Instance.standby).is_(False),
+            col(Instance.retire_at).is_(None),
             col(Host.state) == HostState.READY.value,
             col(Host.draining).is_(False),
             col(Host.advertise_address).is_not(None),

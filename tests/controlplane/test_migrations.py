@@ -80,7 +80,7 @@ def test_migration_scripts_ship_inside_the_package() -> None:
     root = Path(migrations.__file__).parent
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "__init__.py").is_file()  # so setuptools packages the scripts
-    assert migrate.head() == "0008"
+    assert migrate.head() == "0009"
 
 
 def test_upgrading_to_0002_gives_existing_instances_a_key_and_their_hosts_the_news(
