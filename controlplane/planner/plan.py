@@ -77,6 +77,8 @@ def plan_deployment(
         drafts.append(draft_host(deployment, host, kept, others.get(host.id, []), wanted))
 
     slots = [s for d in drafts for s in d.slots]
+    for slot in slots:
+        slot.version_id = deployment.stable_version_id  # standby ones stay on it
     _choose_standby(deployment, slots)
     _choose_versions(deployment, rollout, [s for s in slots if not s.standby])
     for draft in drafts:
