@@ -5,7 +5,8 @@
     GET  /v1/models                                   client token; what it may use
     GET  /metrics                                     Prometheus text, no auth
     GET  /health                                      200 with a routing table and a ready
-                                                      instance of some deployment, else 503
+                                                      instance of some deployment (or one
+                                                      scaled to zero: it wakes), else 503
     GET  /health/live                                 200 while the process serves
     GET  /health/ready                                200 once a routing table is loaded
 
@@ -13,10 +14,12 @@ A completion request is checked in order of cost: in-flight limit (503), token (
 token's requests in flight (429), rate (429), `x-dctl-pool` (403 without the token's grant,
 400 for a bad value), body size (413) and time (408: `body_timeout_s` after the headers), JSON
 with a `model` (400), the model known (404, listing the models the token may use), the token's
-scope (403); then forwarded. The body is parsed only to find `model`: the engine validates the
-rest. Every refusal is in OpenAI's error shape and carries the request id (`x-request-id`: the
-client's when it is a sane token, else a new one), which also goes to the engine and into the
-one log line per request.
+scope (403); then held while the deployment is scaled to zero with no instance (`cold_start`:
+served once one is ready, else 503 after its `cold_start_timeout_s`); then forwarded. The body
+is parsed only to find `model`: the engine validates the rest. A held request keeps its slots,
+so the in-flight limits bound the waiting too. Every refusal is in OpenAI's error shape and
+carries the request id (`x-request-id`: the client's when it is a sane token, else a new one),
+which also goes to the engine and into the one log line per request.
 
 A pinned request is counted apart (`pinned="true"` in the metrics, in no traffic window): the
 rollout analysis reads the windows, and the sender of a pinned request chose its version.
@@ -36,6 +39,7 @@ from typing import Any
 
 from gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
 from gateway.asgi import Receive, Scope, Send, header_map, send_bytes, send_error, send_json
+from gateway.cold_start import ColdStarts
 from gateway.errors import GatewayError, not_found
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Forwarded, ForwardRequest, Proxy
@@ -83,6 +87,7 @@ class GatewayApp:
         slots: TokenSlots,
         metrics: GatewayMetrics,
         limits: Limits,
+        cold_starts: ColdStarts,
         lifespan: Lifespan | None = None,
         now: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.perf_counter,
@@ -93,6 +98,7 @@ class GatewayApp:
         self.slots = slots
         self.metrics = metrics
         self.limits = limits
+        self.cold_starts = cold_starts
         self.lifespan = lifespan
         self.inflight = 0
         self._now = now
@@ -152,11 +158,12 @@ class GatewayApp:
 
     async def _health(self, send: Send) -> None:
         """vLLM's and SGLang's `/health`, which benchmark clients check first: 200 when a
-        request could be served now (a routing table with a ready instance), else 503 and why."""
+        request could be served now (a routing table with a ready instance, or a deployment
+        scaled to zero, which a request wakes), else 503 and why."""
         table = self.routes.current
         if table is None:
             await send_json(send, 503, {"status": "unavailable", "reason": "no routing table yet"})
-        elif not table.instance_ids():
+        elif not table.instance_ids() and not any(r.cold_start_timeout_s for r in table.routes):
             reason = "no deployment has a ready instance"
             await send_json(send, 503, {"status": "unavailable", "reason": reason})
         else:
@@ -201,6 +208,8 @@ class GatewayApp:
                         param="model",
                         code="model_not_allowed",
                     )
+                if self.cold_starts.holds(route):
+                    route = await self.cold_starts.wait(route, receive)
             except GatewayError as error:
                 await self._refuse(send, error, request_id, scope, received_at, grant)
                 return

@@ -3,8 +3,9 @@
 `dctl gateway` only turns its flags into `GatewaySettings` and calls `run(settings)`.
 
 `build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
-traffic windows, and, with a control plane, the route watcher, the traffic reporter and the
-heartbeat that lists the gateway as a scrape target);
+traffic windows, cold starts, and, with a control plane, the route watcher, the traffic reporter,
+the heartbeat that lists the gateway as a scrape target, and the wake calls for deployments
+scaled to zero);
 `run` serves it with uvicorn (uvloop, httptools with the connection deadlines of `deadlines.py`,
 at most `max_connections` connections, no access log: the app logs one line per request itself)
 until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish within
@@ -28,11 +29,13 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any, Protocol
 
+from client import calls
 from client.errors import ClientError
-from client.http import AsyncControlPlaneClient
+from client.http import AsyncControlPlaneClient, Endpoint
 from gateway.access import RateLimiter, TokenSlots
 from gateway.app import GatewayApp, Lifespan, Limits
 from gateway.balancer import Balancer
+from gateway.cold_start import ColdStarts, WakeSink
 from gateway.metrics import GatewayMetrics
 from gateway.pool_share import PoolShareCollector, PoolShares
 from gateway.presence import GatewayPresence, PresenceSink
@@ -51,13 +54,20 @@ _WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 _FINAL_REPORT_TIMEOUT_S = 5.0
 
 
-class ControlPlaneLink(RouteSource, TrafficSink, PresenceSink, Protocol):
-    """What the gateway needs of the control plane; `client.http.AsyncControlPlaneClient` is
-    one, a test's stand-in another."""
+class ControlPlaneLink(RouteSource, TrafficSink, PresenceSink, WakeSink, Protocol):
+    """What the gateway needs of the control plane; `GatewayClient` is one, a test's stand-in
+    another."""
 
     async def aclose(self) -> None:
         """Close the connections."""
         ...
+
+
+class GatewayClient(AsyncControlPlaneClient):
+    """`client.http.AsyncControlPlaneClient` with the wake call, which it does not declare yet
+    (`client.calls.wake_deployment`); this class goes once `_BaseClient` declares it."""
+
+    wake_deployment = Endpoint(calls.wake_deployment)
 
 
 @dataclass
@@ -99,6 +109,7 @@ class Gateway:
                 await asyncio.wait_for(self.reporter.report_once(), _FINAL_REPORT_TIMEOUT_S)
             except TimeoutError:
                 log.warning("the last traffic report timed out; its windows are lost")
+        await self.app.cold_starts.close()
         self.upstream.close()
         if self.control_plane is not None:
             await self.control_plane.aclose()
@@ -158,9 +169,11 @@ def build_gateway(
         settings.body_timeout_s,
     )  # fmt: skip
     slots = TokenSlots(settings.max_concurrency_per_token)
+    cold_starts = ColdStarts(routes, metrics)
     app = GatewayApp(
-        routes=routes, proxy=proxy, limiter=limiter, slots=slots, metrics=metrics, limits=limits
-    )
+        routes=routes, proxy=proxy, limiter=limiter, slots=slots, metrics=metrics, limits=limits,
+        cold_starts=cold_starts,
+    )  # fmt: skip
     gateway = Gateway(settings, routes, balancer, upstream, metrics, windows, app)
     app.lifespan = Lifespan(gateway.start, gateway.stop)
 
@@ -170,12 +183,13 @@ def build_gateway(
     if control_plane is None:
         assert settings.control_plane is not None  # settings.check(): one or the other
         try:
-            control_plane = AsyncControlPlaneClient(
+            control_plane = GatewayClient(
                 settings.control_plane, settings.read_token(), ca_file=settings.ca_file
             )
         except ClientError as exc:
             raise SettingsError(f"invalid setting control_plane: {exc}") from None
     gateway.control_plane = control_plane
+    cold_starts.sink = control_plane
     gateway.watcher = RouteWatcher(control_plane, routes, settings.routes_poll_s)
     this_gateway = gateway_id()
     address = socket.gethostname() if settings.host in _WILDCARDS else settings.host

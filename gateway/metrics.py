@@ -81,7 +81,32 @@ class GatewayMetrics:
             registry=r,
         )
         self.inflight = Gauge(
-            "dctl_gateway_inflight", "Completion requests being served.", registry=r
+            "dctl_gateway_inflight",
+            "Completion requests being served (those held for a cold start included).",
+            registry=r,
+        )
+        self.cold_start_waiting = Gauge(
+            "dctl_gateway_cold_start_waiting",
+            "Requests held for a deployment scaled to zero until an instance of it is ready.",
+            ["deployment"],
+            registry=r,
+        )
+        self.cold_start_wait = Histogram(
+            "dctl_gateway_cold_start_wait_seconds",
+            "How long requests were held for a deployment scaled to zero, by how the wait ended "
+            "(served: an instance became ready; timeout: cold_start_timeout_s passed, answered "
+            "503; gone: the deployment left the routing table; client_left).",
+            ["deployment", "outcome"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.wake_calls = Counter(
+            "dctl_gateway_wake_calls",
+            "Calls asking the control plane to wake a deployment scaled to zero, by result "
+            "(accepted; gone: the control plane does not know the deployment; failed: any other "
+            "failure, retried).",
+            ["deployment", "result"],
+            registry=r,
         )
         self._series: dict[tuple[str, str, str, str], Series] = {}
         self._refusals: dict[int, Counter] = {}

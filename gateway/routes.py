@@ -5,6 +5,9 @@ once per change for the hot path: model name -> `Route`, key id -> `ClientGrant`
 request-line bytes ready. A table is immutable: `Routes.install` swaps in a new one with one
 assignment, so a request holds one consistent table from start to end.
 
+`Routes.next_table()` lets a request wait for the next table without polling (one held for a
+deployment scaled to zero, `cold_start`).
+
 `RouteWatcher` keeps `Routes` current from the control plane: a poll every `poll_s` with the
 last ETag (a 304 costs the control plane nothing), and while the control plane is down the last
 table keeps serving; one warning per outage, one line when it is back.
@@ -66,10 +69,16 @@ class Route:
     stable: VersionPool
     canary: VersionPool | None
     canary_weight: int
+    cold_start_timeout_s: float | None = None  # set: scales to zero; hold requests this long
 
     def pool(self, name: Pool) -> VersionPool | None:
         """The pool called NAME (None: no canary)."""
         return self.stable if name == "stable" else self.canary
+
+    @property
+    def has_instances(self) -> bool:
+        """Whether either pool lists a ready instance."""
+        return any(pool.instances for pool in _pools(self))
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,10 @@ class RoutingTable:
             name for name, route in self.by_model.items() if grant.may_use(route.deployment)
         )
 
+    def route(self, deployment: str) -> Route | None:
+        """DEPLOYMENT's route (None: not in this table)."""
+        return next((r for r in self.routes if r.deployment == deployment), None)
+
     def instance_ids(self) -> set[int]:
         """Every instance id in the table."""
         return {i.id for route in self.routes for pool in _pools(route) for i in pool.instances}
@@ -139,6 +152,7 @@ def _route(d: DeploymentRoute) -> Route:
         stable=_pool(d.deployment, "stable", d.stable),
         canary=canary,
         canary_weight=d.canary_weight if canary is not None else 0,
+        cold_start_timeout_s=d.cold_start_timeout_s,
     )
 
 
@@ -185,6 +199,7 @@ class Routes:
     def __init__(self, on_install: Callable[[RoutingTable], None] | None = None) -> None:
         self.current: RoutingTable | None = None
         self._on_install = on_install
+        self._next: set[asyncio.Future[RoutingTable]] = set()
 
     def install(self, table: RouteTable) -> RoutingTable:
         """Compile TABLE and make it the one in force."""
@@ -192,7 +207,18 @@ class Routes:
         self.current = compiled
         if self._on_install is not None:
             self._on_install(compiled)
+        waiting, self._next = self._next, set()
+        for future in waiting:
+            if not future.done():
+                future.set_result(compiled)
         return compiled
+
+    def next_table(self) -> asyncio.Future[RoutingTable]:
+        """A future of the next table installed; cancel it to stop waiting."""
+        future: asyncio.Future[RoutingTable] = asyncio.get_running_loop().create_future()
+        self._next.add(future)
+        future.add_done_callback(self._next.discard)
+        return future
 
 
 class RouteSource(Protocol):
