@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from doctor import backends, hardware, load, serving, uptime
+from doctor import autoscale, backends, hardware, load, serving, uptime
 from doctor.findings import SEVERITY_ORDER, Finding, FleetSnapshot
 
 Rule = Callable[[FleetSnapshot], list[Finding]]
@@ -29,6 +29,7 @@ RULES: tuple[Rule, ...] = (
     hardware.step_jitter,
     uptime.creeping,
     load.readiness,
+    autoscale.limits,
     backends.backend_figures,
 )
 

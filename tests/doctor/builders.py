@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from doctor.findings import FleetSnapshot, Points
+from protocol.autoscale import AutoscalePolicy, AutoscaleStatus
 from protocol.rest import DeploymentOut, HostOut, InstanceOut, Placement, VersionOut
 from protocol.wire import ExitInfo, GpuStatus, HostFacts, MemoryPlan
 
@@ -88,3 +89,17 @@ def fleet(
 def exited(reason: str, code: int | None = 1) -> ExitInfo:
     """How an engine last ended."""
     return ExitInfo(code=code, reason=reason, at=T0)
+
+
+def autoscaled(
+    *instances: InstanceOut, policy: AutoscalePolicy | None = None, **status: Any
+) -> DeploymentOut:
+    """Deployment `web` with INSTANCES, autoscaled by POLICY (min 1, max 8 unless told), the
+    autoscaler reporting STATUS (as many serving instances wanted and ready as it has)."""
+    serving = sum(1 for i in instances if not i.standby and not i.retiring)
+    fields: dict[str, Any] = {"replicas": serving, "serving_ready": serving, "placed": serving}
+    return deployment(
+        *instances,
+        autoscale=policy or AutoscalePolicy(min=1, max=8),
+        autoscale_status=AutoscaleStatus(**{**fields, **status}),
+    )
