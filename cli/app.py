@@ -13,6 +13,7 @@ import typer
 
 from cli import (
     cmd_agent,
+    cmd_autoscale,
     cmd_deploy,
     cmd_doctor,
     cmd_engine,
@@ -64,6 +65,7 @@ def root(
 for module in (cmd_server, cmd_gateway, cmd_engine, cmd_agent, cmd_model, cmd_deploy, cmd_rollout):
     module.register(app)
 cmd_provision.register(cmd_fleet.host_app)
+cmd_autoscale.register(cmd_deploy.deploy_app)
 cmd_fleet.register(app)
 cmd_metrics.register(app)
 cmd_doctor.register(app)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from cli.autoscale_view import replicas_cell, show_fields
 from cli.columns import DEPLOYMENT_INSTANCE_COLUMNS
 from cli.exits import USAGE, fail
 from cli.options import duration_option, engine_config_option, label_option, mapping_file_option
@@ -93,9 +94,11 @@ DEPLOYMENT_COLUMNS: list[Column] = [
     ("version", "version"),
     ("canary", _canary),
     ("placement", _placement),
-    ("per host", "instances_per_host"),
+    # An autoscaled deployment's count is the autoscaler's: instances_per_host does not apply.
+    ("per host", lambda d: "-" if d.get("autoscale") else d.get("instances_per_host")),
     ("gpus each", lambda d: d.get("gpus_per_instance") or "all"),
     ("ready", _ready),
+    ("autoscale", replicas_cell),
     ("updated", "updated_at"),
 ]
 
@@ -177,8 +180,11 @@ def deploy_list(as_json: bool = JSON_OPTION) -> None:
 @deploy_app.command("show")
 def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
     """Show deployment NAME with its instances."""
+    from datetime import UTC, datetime
+
     with connect() as api:
-        found = plain(api.get_deployment(name))
+        deployment = api.get_deployment(name)
+    found = plain(deployment)
     if as_json:
         print_json(found)
         return
@@ -187,6 +193,7 @@ def deploy_show(name: str, as_json: bool = JSON_OPTION) -> None:
         ("created", "created_at"),
         ("engine config", "engine_config"),
         ("rollout policy", _policy),
+        *show_fields(deployment, datetime.now(UTC)),
     ]
     emit(found, as_json=False, fields=fields)
     print()

@@ -8,10 +8,8 @@ records (the control plane's side is tested in tests/controlplane), and once to 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from cli.rollout_view import exit_code, progress_lines, status_text
 from protocol.rollout_states import RolloutPhase, RolloutState
 from protocol.rollouts import RolloutOut
 from protocol.vocabulary import ROLLOUT_SUBCOMMANDS
+from tests.cli.canned_api import CannedApi
 from tests.cli.conftest import Dctl, Result, Server
 from tests.clock import FakeClock
 
@@ -102,46 +101,6 @@ def instance(id: int, host: str, version: str, pool: str, ready: bool = True) ->
 # --- a loopback control plane with canned answers -----------------------------------------------
 
 
-class CannedApi:
-    """Answers (METHOD, PATH) with the next of its canned (status, body) pairs, the last one
-    for good; records every request."""
-
-    def __init__(self) -> None:
-        self.answers: dict[tuple[str, str], list[tuple[int, Any]]] = {}
-        self.requests: list[tuple[str, str, Any]] = []
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                api.requests.append((self.command, self.path, body))
-                unknown = [(404, {"code": "not_found", "message": "no such route"})]
-                queue = api.answers.get((self.command, self.path.split("?")[0]), unknown)
-                status, reply = queue.pop(0) if len(queue) > 1 else queue[0]
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PATCH = _answer
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
-        threading.Thread(target=self.http.serve_forever, daemon=True).start()
-
-    def on(self, method: str, path: str, *answers: tuple[int, Any]) -> None:
-        self.answers[(method, path)] = list(answers)
-
-    def bodies(self, method: str, path: str) -> list[Any]:
-        return [body for m, p, body in self.requests if m == method and p.split("?")[0] == path]
-
-
 @pytest.fixture
 def canned(monkeypatch: pytest.MonkeyPatch) -> Iterator[CannedApi]:
     api = CannedApi()
@@ -149,8 +108,7 @@ def canned(monkeypatch: pytest.MonkeyPatch) -> Iterator[CannedApi]:
     try:
         yield api
     finally:
-        api.http.shutdown()
-        api.http.server_close()
+        api.close()
 
 
 @pytest.fixture
