@@ -96,6 +96,17 @@ def check_status(value: str) -> Level:
     return _CHECKS.get(value, "idle")
 
 
+def autoscale(deployment: DeploymentOut) -> Level:
+    """An autoscaled deployment: red when starved below its minimum, yellow when starved or
+    pinned at its maximum, else green; idle when it is not autoscaled or not yet reported."""
+    policy, status = deployment.autoscale, deployment.autoscale_status
+    if policy is None or status is None:
+        return "idle"
+    if status.starved_since is not None:
+        return "bad" if status.serving_ready < policy.min else "warn"
+    return "warn" if status.pinned_at_max_since is not None else "ok"
+
+
 def ready_ratio(ready: int, total: int) -> Level:
     """Instances ready out of total: all green, some yellow, none red (nothing: idle)."""
     if total == 0:
@@ -157,8 +168,8 @@ class Alert:
 
 
 def alerts(hosts: Iterable[HostOut], deployments: Iterable[DeploymentOut]) -> list[Alert]:
-    """Crash loops, hosts not ready, failed preflight checks and snapshot verification
-    failures, red first."""
+    """Crash loops, hosts not ready, failed preflight checks, snapshot verification failures and
+    autoscalers starved of GPUs or pinned at their maximum, red first."""
     found: list[Alert] = []
     for host in hosts:
         if host.state != "ready":
@@ -174,6 +185,14 @@ def alerts(hosts: Iterable[HostOut], deployments: Iterable[DeploymentOut]) -> li
             text = f"snapshot {failure.digest.removeprefix('sha256:')[:12]} failed verification"
             found.append(Alert("bad", host.name, f"{text}: {failure.error}".rstrip(": ")))
     for deployment in deployments:
+        status = deployment.autoscale_status
+        if deployment.autoscale is not None and status is not None:
+            if status.starved_since is not None:
+                why = status.starved_reason or "fewer instances placed than it wants"
+                found.append(Alert(autoscale(deployment), deployment.name, f"starved: {why}"))
+            if status.pinned_at_max_since is not None:
+                text = f"autoscale pinned at max {deployment.autoscale.max}"
+                found.append(Alert("warn", deployment.name, text))
         for instance in deployment.instances:
             if instance.observed_state == "crash_loop":
                 subject = f"{deployment.name}/{instance.id}"

@@ -70,10 +70,13 @@ def host(name: str, state: str, seen_ago: float, gpus: list[dict[str, Any]], **f
     }
 
 
-def instance(id_: int, host_name: str, version: str, state: str, restarts: int = 0) -> dict:
+def instance(
+    id_: int, host_name: str, version: str, state: str, restarts: int = 0, **extra: Any
+) -> dict:
     return {
-        "id": id_,
         "deployment": "web",
+        **extra,
+        "id": id_,
         "host": host_name,
         "version": version,
         "port": 9000 + id_,
@@ -113,6 +116,39 @@ DEPLOYMENT = {
     "instances": INSTANCES,
     "canary_version": "v2",
     "canary_weight": 10,
+}
+# `chat` is autoscaled (min 1, max 4, one standby): two serving, one standby, one retiring.
+CHAT_INSTANCES = [
+    instance(3, "gpu-1", "v3", "ready", deployment="chat", requests_running=6, requests_waiting=1),
+    instance(4, "gpu-2", "v3", "ready", deployment="chat", requests_running=5, requests_waiting=0),
+    instance(5, "gpu-2", "v3", "ready", deployment="chat", standby=True),
+    instance(6, "gpu-1", "v3", "ready", deployment="chat", retiring=True, requests_running=1),
+]
+CHAT = {
+    **DEPLOYMENT,
+    "id": 2,
+    "name": "chat",
+    "version": "v3",
+    "instances": CHAT_INSTANCES,
+    "canary_version": None,
+    "canary_weight": 0,
+    "autoscale": {"min": 1, "max": 4, "standby": 1},
+    "autoscale_status": {
+        "replicas": 2,
+        "standby": 1,
+        "serving_ready": 2,
+        "standby_ready": 1,
+        "placed": 3,
+        "queue_per_instance": 0.5,
+        "utilization": 0.34,
+        "last_decision": {
+            "time": at(240),
+            "action": "down",
+            "from_replicas": 3,
+            "to_replicas": 2,
+            "reason": "34% busy, under 80% for 10m",
+        },
+    },
 }
 METRICS = [
     ("error rate", "ratio", 0.001, 0.002, "<= stable + 0.01", "pass"),
@@ -289,12 +325,13 @@ def answer(request: httpx.Request) -> Any:
             "gpus": 4,
             "models": 1,
             "versions": 3,
-            "deployments": 1,
-            "instances_by_state": {"ready": 2},
+            "deployments": 2,
+            "instances_by_state": {"ready": 6},
         },
         "/hosts": HOSTS,
-        "/deployments": [DEPLOYMENT],
+        "/deployments": [DEPLOYMENT, CHAT],
         "/deployments/web": DEPLOYMENT,
+        "/deployments/chat": CHAT,
         "/deployments/web/rollout": ROLLOUT,
         "/deployments/web/rollouts": HISTORY,
         "/deployments/web/traffic": traffic(),
@@ -303,7 +340,7 @@ def answer(request: httpx.Request) -> Any:
         "/events": {"items": EVENTS, "next_cursor": len(EVENTS)},
     }
     for name, body in hosts_by_name.items():
-        on_host = [i for i in INSTANCES if i["host"] == name]
+        on_host = [i for i in INSTANCES + CHAT_INSTANCES if i["host"] == name]
         routes[f"/hosts/{name}"] = {**body, "instances": on_host}
         routes[f"/hosts/{name}/samples"] = samples() if body["gpus"] else []
     if path == "/events" and request.url.params.get("after"):

@@ -50,6 +50,8 @@ VIEWS: dict[str, Navigate | None] = {
     "hosts": lambda a: a.show_view("hosts"),
     "deployments": lambda a: a.show_view("deployments"),
     "deployment_detail": lambda a: a.open_deployment("web"),
+    # Autoscaled: min/now/max and the last decision; standby and retiring instances marked.
+    "deployment_detail_autoscaled": lambda a: a.open_deployment("chat"),
 }
 
 

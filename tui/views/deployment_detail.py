@@ -4,6 +4,7 @@ and per-version sparklines; the rollout keys (c p P a u b r R) act on it."""
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from rich.text import Text
@@ -12,7 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from client import AsyncControlPlaneClient
-from protocol.rest import DeploymentOut
+from protocol.rest import DeploymentOut, InstanceOut
 from protocol.rollout_states import ACTIVE_STATES
 from protocol.rollouts import RolloutOut
 from protocol.version_ref import VersionRef
@@ -21,11 +22,13 @@ from tui import format as fmt
 from tui.fetch import DeploymentDetailData
 from tui.traffic import p95_series, request_rates
 from tui.views.base import ViewScreen
-from tui.views.deployments import ready_cell
+from tui.views.deployments import autoscale_counts, ready_cell
 from tui.widgets.cells import plain, progress, spark, styled
 from tui.widgets.table import ResourceTable, Row
 
-INSTANCE_COLUMNS = ["id", "host", "port", "version", "state", "restarts", "message"]
+INSTANCE_COLUMNS = [
+    "id", "host", "port", "version", "role", "state", "run/wait", "restarts", "message",
+]  # fmt: skip
 ANALYSIS_COLUMNS = ["metric", "stable", "canary", "limit", "verdict", "note"]
 # The keys of `tui.actions.ACTION_KEYS` this view binds, with the footer's words for them.
 DEPLOYMENT_KEYS = [
@@ -41,8 +44,8 @@ DEPLOYMENT_KEYS = [
 HISTORY = 60  # tokens/forward points kept per version (one per refresh)
 
 
-def header_text(deployment: DeploymentOut) -> Text:
-    """Name, versions, placement and readiness."""
+def header_text(deployment: DeploymentOut, now: datetime) -> Text:
+    """Name, versions, placement and readiness, then autoscaling when it is on."""
     text = Text.assemble(("stable ", "bold"), str(VersionRef(deployment.model, deployment.version)))
     if deployment.canary_version:
         text.append(
@@ -53,8 +56,71 @@ def header_text(deployment: DeploymentOut) -> Text:
     hosts = ", ".join(deployment.placement.hosts) or fmt.NONE
     labels = ", ".join(f"{k}={v}" for k, v in deployment.placement.labels.items())
     text.append(f"\nplacement hosts {hosts}" + (f" labels {labels}" if labels else ""))
-    text.append(f"  instances/host {deployment.instances_per_host}")
+    if deployment.autoscale is None:
+        text.append(f"  instances/host {deployment.instances_per_host}")
+        return text
+    text.append("\n")
+    text.append_text(autoscale_text(deployment, now))
     return text
+
+
+def autoscale_text(deployment: DeploymentOut, now: datetime) -> Text:
+    """`autoscale 1/3/8 +1` (min/current/max, standby) with readiness and load, the last
+    decision, and whether it is pinned at max or starved of GPUs."""
+    counts = autoscale_counts(deployment)
+    assert counts is not None, "only an autoscaled deployment has this panel"
+    replicas, standby = counts
+    text = Text("autoscale ", style="bold")
+    text.append_text(styled(replicas, health.autoscale(deployment)))
+    text.append(" min/now/max" + (f" +{standby} standby" if standby else ""))
+    status = deployment.autoscale_status
+    if status is None:
+        text.append("  no autoscaler report yet", style="dim")
+        return text
+    text.append(f"  serving {status.serving_ready}/{status.replicas} ready")
+    if status.standby:
+        text.append(f"  standby {status.standby_ready}/{status.standby} ready")
+    busy = status.utilization
+    text.append(f"  queue/inst {fmt.number(status.queue_per_instance, 1)}")
+    text.append(f"  busy {fmt.NONE if busy is None else fmt.percent(busy * 100)}")
+    decision = status.last_decision
+    if decision is not None:
+        text.append(
+            f"\nlast {decision.action} {decision.from_replicas}->{decision.to_replicas} "
+            f"{fmt.age(decision.time, now)} ago"
+            + (f": {decision.reason}" if decision.reason else "")
+        )
+    if status.pinned_at_max_since is not None:
+        pinned = fmt.age(status.pinned_at_max_since, now)
+        text.append(
+            f"\npinned at max for {pinned}: raise max or add GPUs", style=health.STYLE["warn"]
+        )
+    if status.starved_since is not None:
+        # Red when it serves fewer than its minimum, else yellow (`health.autoscale`).
+        why = status.starved_reason or "fewer instances placed than wanted"
+        starved = fmt.age(status.starved_since, now)
+        text.append(
+            f"\nstarved for {starved}: {why}", style=health.STYLE[health.autoscale(deployment)]
+        )
+    return text
+
+
+# How an instance's part in serving reads: standby and retiring ones are out of the pools.
+ROLE_STYLE = {"serving": "", "standby": "cyan", "retiring": "yellow"}
+
+
+def instance_role(instance: InstanceOut) -> Text:
+    """`serving`, `standby` (loaded, out of the pools) or `retiring` (finishing its requests)."""
+    role = "retiring" if instance.retiring else "standby" if instance.standby else "serving"
+    return Text(role, style=ROLE_STYLE[role])
+
+
+def instance_load(instance: InstanceOut) -> str:
+    """`running/waiting` requests as its engine last said; `-` when it never did."""
+    running, waiting = instance.requests_running, instance.requests_waiting
+    if running is None and waiting is None:
+        return fmt.NONE
+    return f"{fmt.NONE if running is None else running}/{fmt.NONE if waiting is None else waiting}"
 
 
 def rollout_text(rollout: RolloutOut | None) -> Text:
@@ -120,7 +186,8 @@ class DeploymentDetailScreen(ViewScreen):
     def show(self, data: DeploymentDetailData) -> None:
         """Fill every panel."""
         deployment = data.deployment
-        self.query_one("#header", Static).update(plain(header_text(deployment)))
+        header = header_text(deployment, self.dctl.now())
+        self.query_one("#header", Static).update(plain(header))
         self.table.show_rows(
             [
                 Row(
@@ -130,7 +197,9 @@ class DeploymentDetailScreen(ViewScreen):
                         i.host,
                         str(i.port),
                         i.version,
+                        instance_role(i),
                         styled(i.observed_state, health.instance_state(i.observed_state)),
+                        instance_load(i),
                         str(i.restart_count),
                         i.message,
                     ),

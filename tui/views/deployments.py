@@ -25,6 +25,7 @@ COLUMNS = [
     "stable",
     "canary",
     "ready",
+    "autoscale",
     "req/s",
     "err%",
     "p95",
@@ -39,6 +40,29 @@ def ready_cell(deployment: DeploymentOut) -> Any:
     total = len(deployment.instances)
     ready = sum(1 for i in deployment.instances if i.observed_state == "ready")
     return styled(f"{ready}/{total}", health.ready_ratio(ready, total))
+
+
+def autoscale_counts(deployment: DeploymentOut) -> tuple[str, int] | None:
+    """(`1/3/8`: min/current/max serving instances, standby instances); None when it is not
+    autoscaled. Current is what the autoscaler wants now, or the serving instances before it
+    reports."""
+    policy, status = deployment.autoscale, deployment.autoscale_status
+    if policy is None:
+        return None
+    serving = sum(1 for i in deployment.instances if not i.standby and not i.retiring)
+    current = status.replicas if status is not None else serving
+    standby = status.standby if status is not None else policy.standby
+    return f"{policy.min}/{current}/{policy.max}", standby
+
+
+def autoscale_cell(deployment: DeploymentOut) -> Any:
+    """`1/3/8 +1` (standby) in the autoscaler's health colour; a dim `-` for a fixed count."""
+    counts = autoscale_counts(deployment)
+    if counts is None:
+        return styled(fmt.NONE, "idle")
+    replicas, standby = counts
+    text = replicas + (f" +{standby}" if standby else "")
+    return styled(text, health.autoscale(deployment))
 
 
 def deployment_row(
@@ -59,6 +83,7 @@ def deployment_row(
             deployment.version,
             styled(canary, "warn" if deployment.canary_version else "idle"),
             ready_cell(deployment),
+            autoscale_cell(deployment),
             fmt.number(figures.requests_per_s, 1),
             styled(
                 fmt.ratio_percent(figures.error_rate), health.error_rate(figures.error_rate, limits)
