@@ -29,9 +29,8 @@ from datetime import UTC, datetime
 from types import FrameType
 from typing import Any, Protocol
 
-from client import calls
 from client.errors import ClientError
-from client.http import AsyncControlPlaneClient, Endpoint
+from client.http import AsyncControlPlaneClient
 from gateway.access import RateLimiter, TokenSlots
 from gateway.app import GatewayApp, Lifespan, Limits
 from gateway.balancer import Balancer
@@ -55,19 +54,12 @@ _FINAL_REPORT_TIMEOUT_S = 5.0
 
 
 class ControlPlaneLink(RouteSource, TrafficSink, PresenceSink, WakeSink, Protocol):
-    """What the gateway needs of the control plane; `GatewayClient` is one, a test's stand-in
-    another."""
+    """What the gateway needs of the control plane; `AsyncControlPlaneClient` is one, a test's
+    stand-in another."""
 
     async def aclose(self) -> None:
         """Close the connections."""
         ...
-
-
-class GatewayClient(AsyncControlPlaneClient):
-    """`client.http.AsyncControlPlaneClient` with the wake call, which it does not declare yet
-    (`client.calls.wake_deployment`); this class goes once `_BaseClient` declares it."""
-
-    wake_deployment = Endpoint(calls.wake_deployment)
 
 
 @dataclass
@@ -183,7 +175,7 @@ def build_gateway(
     if control_plane is None:
         assert settings.control_plane is not None  # settings.check(): one or the other
         try:
-            control_plane = GatewayClient(
+            control_plane = AsyncControlPlaneClient(
                 settings.control_plane, settings.read_token(), ca_file=settings.ca_file
             )
         except ClientError as exc:

@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from client.errors import ClientError
+from client.http import AsyncControlPlaneClient
 from gateway import GatewaySettings
-from gateway.main import GatewayClient
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from tests.gateway.canned_engine import CannedEngine
 from tests.gateway.conftest import Fleet, LiveGateway, served
@@ -285,7 +285,9 @@ def test_the_control_plane_client_wakes_a_deployment() -> None:
 
     async def wake() -> ClientError:
         transport = httpx.MockTransport(control_plane)
-        async with GatewayClient("http://cp:8700", "dctl_gw_x", transport=transport) as client:
+        async with AsyncControlPlaneClient(
+            "http://cp:8700", "dctl_gw_x", transport=transport
+        ) as client:
             await client.wake_deployment("sleepy")
             with pytest.raises(ClientError) as gone:
                 await client.wake_deployment("gone")
