@@ -2,7 +2,8 @@
 engines, `dctl gateway`, and client load on loopback. One module fleet, the phases in order:
 a trickle while idle instances are scaled down (no request fails), a burst scaled up by
 promoting the standby (in the routes within 2 s of the decision), then scale to zero and a
-first request that wakes it and is answered."""
+first request that wakes it and is answered; last, a rollout at 50% that keeps its weight and
+its share of instances while a burst scales the deployment up."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 from client.http import ControlPlaneClient
 from protocol.autoscale import AutoscalePolicy
 from protocol.rest import DeploymentOut
+from protocol.rollout_policy import RolloutPolicy
+from protocol.rollouts import RolloutCreate
 from tests.agent_e2e.conftest import Stack, boot_stack, free_range, wait_for
 from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet, serving_fleet
 
@@ -78,9 +81,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolloutFleet]:
     args[args.index("--ports") + 1] = f"{first}-{last}"
 
     def register(s: Stack) -> None:
-        path = home / "ckpt"
-        s.dctl("model", "create-demo", str(path), "--random", "--seed", "0")
-        s.dctl("model", "register", "demo:v1", str(path))
+        for version, seed in (("v1", "0"), ("v2", "1")):
+            path = home / f"ckpt-{version}"
+            s.dctl("model", "create-demo", str(path), "--random", "--seed", seed)
+            s.dctl("model", "register", f"demo:{version}", str(path))
 
     with serving_fleet(home, stack, register, engine_config=CONFIG, load_threads=0,
                        host=HOST) as ro:  # fmt: skip
@@ -167,3 +171,26 @@ def test_scale_down_under_a_trickle_then_a_burst_then_zero_and_awake(fleet: Roll
     assert waited < POLICY.cold_start_timeout_s
     print(f"\nautoscale e2e: scale-up decided {took:.1f}s after the burst, standby routed "
           f"{promoted:.2f}s after it, cold start answered in {waited:.1f}s")  # fmt: skip
+
+
+def test_a_rollout_keeps_its_weight_and_share_while_a_burst_scales_up(fleet: RolloutFleet) -> None:
+    ro = fleet
+    clients = Clients(ro.load.url, ro.fleet.client_token)
+    ro.api.set_autoscale("demo", POLICY.model_copy(update={"min": 2, "standby": 0}))
+    wait_for("2 serving instances ready", lambda: len(serving_ready(ro)) == 2, 240)
+    # A long interval: the step holds at 50% for the whole test.
+    spec = RolloutCreate(to="v2", steps=[50, 100], policy=RolloutPolicy(interval_s=3600))
+    ro.api.start_rollout("demo", spec)
+    wait_for("the canary at 50%", lambda: show(ro).canary_weight == 50, 240)
+    ups = len(decisions(ro, "up"))
+    clients.start(8)
+    wait_for("a scale-up", lambda: len(decisions(ro, "up")) > ups, 60)
+    wait_for("3 serving instances ready", lambda: len(serving_ready(ro)) == 3, 240)
+    statuses = clients.stop()
+    out = show(ro)
+    rollout = ro.api.get_rollout("demo")
+    assert (out.canary_weight, rollout.state.value) == (50, "progressing"), rollout.message
+    serving = [i for i in out.instances if not i.standby and not i.retiring]
+    # 50% of 3 is two canary instances: the step's share, not the one it started with.
+    assert sorted(i.version for i in serving) == ["v1", "v2", "v2"]
+    assert statuses and set(statuses) == {200}, f"failed while scaling a rollout: {statuses}"
