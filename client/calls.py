@@ -26,6 +26,7 @@ from protocol.gateway import (
     TrafficAccepted,
     TrafficReport,
 )
+from protocol.logs import AuditReport, LogPage, RequestOut
 from protocol.monitoring import (
     GATEWAY_HEARTBEAT_PATH,
     GATEWAYS_PATH,
@@ -419,6 +420,59 @@ def list_events(
     """Events after cursor AFTER, oldest first; without AFTER the newest LIMIT events."""
     params = {"after": after, "limit": limit, "kind": kind, "subject": subject}
     return Call("GET", f"{API}/events", one(EventPage), params)
+
+
+# Logs, request summaries and the access audit ------------------------------------------------
+
+
+def deployment_logs(
+    name: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    instance: int | None = None,
+    host: str | None = None,
+    grep: str | None = None,
+    request: str | None = None,
+    agent: bool = False,
+    after: int | None = None,
+    limit: int | None = None,
+) -> Call[LogPage]:
+    """Log lines of deployment NAME's engines (with AGENT, its hosts' agents' too), oldest
+    first, filtered; AFTER: the cursor of a previous page (viewer)."""
+    params = {"since": since, "until": until, "instance": instance, "host": host,
+              "grep": grep, "request": request, "agent": agent or None, "after": after,
+              "limit": limit}  # fmt: skip
+    return Call("GET", f"{API}/deployments/{segment(name)}/logs", one(LogPage), params)
+
+
+def follow_logs_path(name: str) -> str:
+    """The SSE stream of deployment NAME's new log lines (same filters as `deployment_logs`):
+    `event: line` / `data: LogEntry JSON` per line, `: keep-alive` comments between."""
+    return f"{API}/deployments/{segment(name)}/logs/follow"
+
+
+def deployment_requests(
+    name: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    slowest: int | None = None,
+    errors: bool = False,
+    request: str | None = None,
+    limit: int | None = None,
+) -> Call[list[RequestOut]]:
+    """The gateways' request summaries of deployment NAME: newest first, or the SLOWEST N; with
+    ERRORS only answers >= 500 (or failed); REQUEST: one request id (viewer)."""
+    params = {"since": since, "until": until, "slowest": slowest, "errors": errors or None,
+              "request": request, "limit": limit}  # fmt: skip
+    return Call("GET", f"{API}/deployments/{segment(name)}/requests", many(RequestOut), params)
+
+
+def access_audit(since: datetime | None = None) -> Call[AuditReport]:
+    """Per client token: requests, errors, 429s, deployments, first/last seen, refusals and
+    anomalies since SINCE (default: 7 days) (admin)."""
+    return Call("GET", f"{API}/audit", one(AuditReport), {"since": since})
 
 
 # Tokens --------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from protocol.logs import MAX_REQUESTS_PER_REPORT, RequestSummary, TokenRefusal
 from protocol.rest import ApiModel
 from protocol.wire import INT32_MAX, Name, VersionTag
 
@@ -199,6 +200,10 @@ class TrafficReport(ApiModel):
     started_at: datetime
     ended_at: datetime
     windows: list[TrafficWindow] = Field(default_factory=list, max_length=4096)
+    # One per request (sampled above the gateway's `summary_sample_rps`), and the requests it
+    # refused per token and reason (`protocol.logs`).
+    requests: list[RequestSummary] = Field(default_factory=list, max_length=MAX_REQUESTS_PER_REPORT)
+    refusals: list[TokenRefusal] = Field(default_factory=list, max_length=1024)
 
     @field_validator("started_at", "ended_at")
     @classmethod

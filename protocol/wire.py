@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.logs import LogBatch
 from protocol.plain_text import refuse_control_characters
 from protocol.vocabulary import VersionLine
 
@@ -434,6 +435,8 @@ class Heartbeat(WireModel):
     instances: list[ObservedInstance] = Field(default_factory=list, max_length=256)
     snapshots: list[SnapshotProgress] = Field(default_factory=list, max_length=64)
     metrics: list[InstanceMetrics] = Field(default_factory=list, max_length=256)
+    # The next log lines of its engines and its own (`protocol.logs`); None: none to ship.
+    logs: LogBatch | None = None
 
 
 # --- heartbeat reply: the desired state --------------------------------------------------------
