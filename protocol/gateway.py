@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from protocol.logs import MAX_REQUESTS_PER_REPORT, RequestSummary, TokenRefusal
+from protocol.logs import MAX_REQUESTS_PER_REPORT, RequestSummary, TokenRefusal, TokenUsage
 from protocol.rest import ApiModel
 from protocol.wire import INT32_MAX, Name, VersionTag
 
@@ -204,6 +204,8 @@ class TrafficReport(ApiModel):
     # refused per token and reason (`protocol.logs`).
     requests: list[RequestSummary] = Field(default_factory=list, max_length=MAX_REQUESTS_PER_REPORT)
     refusals: list[TokenRefusal] = Field(default_factory=list, max_length=1024)
+    # Per client token and deployment, every request of the interval (the audit's counts).
+    usage: list[TokenUsage] = Field(default_factory=list, max_length=4096)
 
     @field_validator("started_at", "ended_at")
     @classmethod

@@ -117,6 +117,17 @@ class TokenRefusal(ApiModel):
     count: int = Field(ge=1)
 
 
+class TokenUsage(ApiModel):
+    """Every request (not a sample) a gateway served one client token for one deployment since
+    its last report: what the access audit counts."""
+
+    token: str = Field(max_length=63, description="the client token's name")
+    deployment: str = Field(max_length=63)
+    requests: int = Field(ge=0)
+    errors: int = Field(default=0, ge=0, description="5xx answers and failed connections")
+    rate_limited: int = Field(default=0, ge=0, description="429s")
+
+
 class RequestOut(RequestSummary):
     """`GET /api/v1/deployments/{name}/requests`: a stored summary."""
 
