@@ -16,16 +16,18 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from protocol.logs import REQUEST_ID_PATTERN
+
 log = logging.getLogger("engine.requests")
 
-_REQUEST_ID = re.compile(rb"^[A-Za-z0-9._:\-]{1,128}$")
+_REQUEST_ID = re.compile(REQUEST_ID_PATTERN.encode())
 HEADER = b"x-request-id"
 
 
 def request_id_of(headers: list[tuple[bytes, bytes]]) -> str:
     """The request's `x-request-id` when it is a sane token, else a new one."""
     for name, value in headers:
-        if name == HEADER and _REQUEST_ID.match(value):
+        if name == HEADER and _REQUEST_ID.fullmatch(value):
             return value.decode("ascii")
     return uuid.uuid4().hex
 

@@ -36,7 +36,14 @@ from engine.errors import EngineError, EngineStopped, QueueFull
 from engine.metrics import EngineMetrics
 from engine.params import SamplingParams
 from engine.request_guards import read_body
-from engine.streaming import DisconnectWatch, StreamShape, failure_reply, stream, usage_of
+from engine.streaming import (
+    DisconnectWatch,
+    StreamShape,
+    failure_reply,
+    stream,
+    total_usage,
+    usage_of,
+)
 from protocol.engine_config import ServeConfig
 from protocol.openai import (
     BaseRequest,
@@ -178,15 +185,11 @@ class OpenAIServing:
         try:
             for i, (request_id, updates) in enumerate(admitted):
                 text, reason, stats = await self.collect(served, request, request_id, updates, end)
-                results.append((text, reason, usage_of(stats, len(prompts[i]), 0)))
+                results.append((text, reason, (stats, len(prompts[i]))))
         finally:
             for request_id, _ in admitted[len(results) :]:
                 served.engine.abort(request_id)
-        total = Usage(
-            prompt_tokens=sum(u.prompt_tokens for _, _, u in results),
-            completion_tokens=sum(u.completion_tokens for _, _, u in results),
-            total_tokens=sum(u.total_tokens for _, _, u in results),
-        )
+        total = total_usage([finished for _, _, finished in results])
         texts = [(text, reason) for text, reason, _ in results]
         return JSONResponse(completion_body(rid, name, texts, total))
 

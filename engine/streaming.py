@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 from engine.api_requests import params_error
 from engine.async_engine import AsyncEngine
@@ -69,12 +70,59 @@ class StreamShape:
         )
 
 
+class DiffusionFigures(BaseModel):
+    """How a finished request was decoded: dctl's extension of OpenAI's `usage` (`usage.dctl`),
+    which the gateway copies into its request summaries."""
+
+    steps_per_block: float  # mean denoising steps of the decoded blocks
+    tokens_per_forward: float  # completion tokens / forwards the request took part in
+
+    @classmethod
+    def of(cls, stats: Sequence[Any]) -> DiffusionFigures | None:
+        """The figures of the requests STATS describe together; None when no block was decoded."""
+        steps = [n for s in stats for n in s.steps_per_block]
+        forwards = sum(s.forwards for s in stats)
+        if not steps or not forwards:
+            return None
+        tokens = sum(s.completion_tokens for s in stats)
+        return cls(
+            steps_per_block=round(sum(steps) / len(steps), 3),
+            tokens_per_forward=round(tokens / forwards, 3),
+        )
+
+
+class DiffusionUsage(Usage):
+    """`usage` with the diffusion figures: what a finished request reports, whole or streamed
+    (the final usage chunk and the closing usage comment), so per-request figures need no second
+    channel. OpenAI clients keep unknown usage fields (vLLM adds its own the same way)."""
+
+    dctl: DiffusionFigures
+
+
 def usage_of(stats: Any, prompt_len: int, completion_tokens: int) -> Usage:
-    """The usage of a request: from its engine stats once finished, else the counts so far."""
-    prompt = stats.prompt_tokens if stats is not None else prompt_len
-    completion = stats.completion_tokens if stats is not None else completion_tokens
-    return Usage(
-        prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+    """The usage of a request: from its engine stats once finished (with the diffusion figures),
+    else the counts so far."""
+    if stats is None:
+        return Usage(
+            prompt_tokens=prompt_len,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_len + completion_tokens,
+        )
+    return total_usage([(stats, prompt_len)])
+
+
+def total_usage(finished: Sequence[tuple[Any, int]]) -> Usage:
+    """The usage of requests answered together (a completion of several prompts): each as its
+    stats (None: it has none) and its prompt's length."""
+    stats = [s for s, _ in finished if s is not None]
+    prompt = sum(s.prompt_tokens if s is not None else n for s, n in finished)
+    completion = sum(s.completion_tokens for s in stats)
+    total = prompt + completion
+    figures = DiffusionFigures.of(stats)
+    if figures is None:
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=total)
+    return DiffusionUsage(
+        prompt_tokens=prompt, completion_tokens=completion, total_tokens=total, dctl=figures
     )
 
 

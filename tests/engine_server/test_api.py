@@ -172,7 +172,11 @@ def test_every_stream_ends_with_its_usage_for_the_gateway_and_the_events_stay_th
         server, {**body, "stream": True, "stream_options": {"include_usage": True}}
     )
     assert asked[-2] == comment
-    assert json.loads(asked[-3].removeprefix("data: "))["usage"] == usage.model_dump()
+    said = json.loads(comment.removeprefix(USAGE_COMMENT_PREFIX.decode()))
+    assert json.loads(asked[-3].removeprefix("data: "))["usage"] == said
+    # Both carry how the request was decoded (dctl's extension), as the whole answer does.
+    assert whole.usage.model_dump()["dctl"] == said["dctl"]
+    assert said["dctl"]["steps_per_block"] >= 1 and said["dctl"]["tokens_per_forward"] > 0
 
 
 def test_chat_uses_the_template_and_the_thinking_switch(client: openai.OpenAI, llm: LLM) -> None:
