@@ -19,6 +19,7 @@ from controlplane.api import (
     gateway,
     health,
     hosts,
+    logs,
     models,
     monitoring,
     rollouts,
@@ -35,6 +36,7 @@ from controlplane.controllers.lease import DatabaseLease, new_holder_id
 from controlplane.controllers.loop import CONTROLLERS_LEASE, ControllerLoop, LeaderCollector
 from controlplane.db import make_engine
 from controlplane.heartbeat.service import HeartbeatService
+from controlplane.logs.retention import LogRetention
 from controlplane.metrics import ControlPlaneMetrics, RequestMetricsMiddleware
 from controlplane.model_files import ModelFiles
 from controlplane.rollouts.controller import RolloutController
@@ -43,7 +45,7 @@ from protocol.wire import HEARTBEAT_PATH, Heartbeat
 
 # Agents first: the heartbeat route is matched most often.
 ROUTERS = (agents, gateway, hosts, models, deployments, rollouts, events, tokens, monitoring,
-           health)  # fmt: skip
+           logs, health)  # fmt: skip
 
 
 def utc_now() -> datetime:
@@ -94,7 +96,12 @@ def create_app(
     )
     controllers = ControllerLoop(
         lease,
-        [HostHealthController(ctx.health), rollout_controller, AutoscaleController(engine)],
+        [
+            HostHealthController(ctx.health),
+            rollout_controller,
+            AutoscaleController(engine),
+            LogRetention(engine, settings),
+        ],
         clock,
     )
     metrics.registry.register(LeaderCollector(controllers))

@@ -424,3 +424,75 @@ class TrafficWindow(SQLModel, table=True):
     latency_buckets: list[int] = Field(default_factory=list, sa_column=json_column(False))
     ttft_sum_s: float = 0.0
     ttft_buckets: list[int] = Field(default_factory=list, sa_column=json_column(False))
+
+
+class LogLine(SQLModel, table=True):
+    """One log line an agent shipped: an engine's (`instance_id`) or the agent's own.
+
+    Kept for `log_retention_s` and at most `log_max_lines_per_instance` per instance (the
+    host-health controller's sweep). No foreign key to the instance: an instance scaled away
+    keeps its last lines. `dropped`: lines the agent could not keep past its bound (a marker
+    line, the count is the news).
+    """
+
+    __table_args__ = (
+        sa.Index("ix_logline_deployment_time", "deployment_id", "time"),
+        sa.Index("ix_logline_instance", "instance_id", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    host_id: int = Field(sa_column=fk("host.id", "CASCADE"))
+    deployment_id: int | None = Field(
+        default=None, sa_column=fk("deployment.id", "CASCADE", nullable=True, index=False)
+    )
+    instance_id: int | None = None
+    source: str = Field(default="engine", max_length=8)
+    time: datetime = Field(sa_column=utc_column(False, index=True))
+    seq: int = Field(default=0, sa_type=sa.BigInteger)
+    line: str = Field(sa_column=sa.Column(sa.Text(), nullable=False))
+    request_id: str | None = Field(default=None, max_length=128, index=True)
+    dropped: int = 0
+
+
+class RequestRecord(SQLModel, table=True):
+    """A gateway's summary of one request (sampled above its rate): `dctl requests`."""
+
+    __table_args__ = (sa.Index("ix_requestrecord_deployment_time", "deployment_id", "time"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    deployment_id: int = Field(sa_column=fk("deployment.id", "CASCADE", index=False))
+    gateway: str = Field(max_length=128)
+    request_id: str = Field(max_length=128, index=True)
+    time: datetime = Field(sa_column=utc_column(False, index=True))
+    token: str = Field(default="", max_length=63)
+    version: str = Field(default="", max_length=200)
+    pool: str = Field(default="", max_length=16)
+    instance_id: int | None = None
+    status: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    steps_per_block: float | None = None
+    tokens_per_forward: float | None = None
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    stream: bool = False
+
+
+class TokenUse(SQLModel, table=True):
+    """What one gateway served one client token for one deployment in one report (every
+    request), and what it refused of a token (`reason` set, `deployment` empty): the audit."""
+
+    __table_args__ = (sa.Index("ix_tokenuse_token_time", "token", "ended_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    gateway: str = Field(max_length=128)
+    token: str = Field(default="", max_length=63)
+    key_id: str = Field(default="", max_length=32)
+    deployment: str = Field(default="", max_length=63)
+    reason: str = Field(default="", max_length=16)
+    started_at: datetime = Field(sa_column=utc_column(False))
+    ended_at: datetime = Field(sa_column=utc_column(False, index=True))
+    requests: int = Field(default=0, sa_type=sa.BigInteger)
+    errors: int = Field(default=0, sa_type=sa.BigInteger)
+    rate_limited: int = Field(default=0, sa_type=sa.BigInteger)
+    refused: int = Field(default=0, sa_type=sa.BigInteger)

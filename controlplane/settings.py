@@ -56,6 +56,14 @@ class ControlPlaneSettings(FileBackedSettings):
     # addresses: off, since the control plane would send them from inside the network (cloud
     # metadata at 169.254.169.254, admin ports on 127.0.0.1) on an operator's word.
     notify_allow_private: bool = False
+    # Logs (`controlplane.logs`): agents' shipped lines kept this long and at most this many
+    # per instance (and per host for an agent's own); gateways' request summaries this long and
+    # at most this many in all; per-token use for the access audit this long.
+    log_retention_s: float = Field(default=86_400.0, ge=60, le=90 * 86_400)
+    log_max_lines_per_instance: int = Field(default=100_000, ge=100, le=100_000_000)
+    request_retention_s: float = Field(default=86_400.0, ge=60, le=90 * 86_400)
+    request_max_rows: int = Field(default=1_000_000, ge=1000, le=1_000_000_000)
+    audit_retention_s: float = Field(default=8 * 86_400.0, ge=86_400, le=400 * 86_400)
 
     @field_validator("public_url")
     @classmethod

@@ -27,6 +27,7 @@ from sqlmodel import col
 from controlplane.auth import Principal, TokenRefused
 from controlplane.heartbeat.desired_state import DEFAULT_BIND_ADDRESS
 from controlplane.heartbeat.samples import HostSampleBucket
+from controlplane.logs.shipped import write_batch
 from controlplane.models import Deployment, Event, Gpu, Instance, UTCDateTime
 from protocol.wire import GpuStatus, Heartbeat, HostState, ModelVersionRef
 
@@ -130,6 +131,8 @@ class HostMemory:
     desired_generation: int = -1
     desired_json: bytes = b"[]"
     keep_digests: list[str] = field(default_factory=list)
+    # The host's instances' deployments, for its shipped log lines (`controlplane.logs`).
+    log_deployments: dict[int, int | None] = field(default_factory=dict)
     prefetch: list[ModelVersionRef] = field(default_factory=list)
     # Heartbeats of one host are handled one at a time here (the database would queue them on
     # the host row anyway); this keeps the fields above consistent with each other.
@@ -221,6 +224,8 @@ class ObservedStateWriter:
                 )
             gpus_changed = self._gpus(conn, host_id, beat, memory)
             self._instances(conn, host_id, row.name, beat, memory, now)
+            if beat.logs is not None:
+                write_batch(conn, host_id, beat.logs, memory.log_deployments, now)
             memory.samples.add(conn, beat, now, shared=not sole_writer)
         memory.seq = row.heartbeat_seq
         memory.facts_json = facts

@@ -21,6 +21,7 @@ from sqlalchemy import insert
 from sqlmodel import Session, col, func, select
 
 from controlplane.heartbeat.samples import histogram_count_name, histogram_sum_name
+from controlplane.logs.reported import record_reported
 from controlplane.models import Deployment, Instance, MetricSample, ModelVersion
 from controlplane.models import TrafficWindow as WindowRow
 from controlplane.services.deployments import get_deployment
@@ -127,6 +128,7 @@ def record_report(session: Session, now: datetime, report: TrafficReport) -> Tra
         )
     if rows:
         session.execute(insert(WindowRow), rows)
+    record_reported(session, report)
     return TrafficAccepted(accepted=len(rows) + again, skipped=skipped)
 
 

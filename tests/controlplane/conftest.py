@@ -27,7 +27,8 @@ from tests.clock import FakeClock
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_ADMIN_URL = f"postgresql+psycopg://postgres@{PG_HOST}:{PG_PORT}/postgres"
-TABLES = ["lease", "trafficwindow", "metricsample", "rollout", "instance", "deployment",
+TABLES = ["logline", "requestrecord", "tokenuse",
+          "lease", "trafficwindow", "metricsample", "rollout", "instance", "deployment",
           "apitoken", "gpu", "modelversion", "model", "event", "host", "lease",
           "gatewayprocess"]  # fmt: skip
 

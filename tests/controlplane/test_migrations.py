@@ -15,7 +15,7 @@ from tests.controlplane.conftest import create_pg_database, drop_pg_database, re
 
 EXPECTED_TABLES = {"host", "gpu", "model", "modelversion", "deployment", "instance", "rollout",
                    "event", "apitoken", "metricsample", "lease", "trafficwindow",
-                   "gatewayprocess"}  # fmt: skip
+                   "gatewayprocess", "logline", "requestrecord", "tokenuse"}  # fmt: skip
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -80,7 +80,7 @@ def test_migration_scripts_ship_inside_the_package() -> None:
     root = Path(migrations.__file__).parent
     assert (root / "env.py").is_file() and (root / "script.py.mako").is_file()
     assert (root / "versions" / "__init__.py").is_file()  # so setuptools packages the scripts
-    assert migrate.head() == "0009"
+    assert migrate.head() == "0010"
 
 
 def test_upgrading_to_0002_gives_existing_instances_a_key_and_their_hosts_the_news(

@@ -46,6 +46,10 @@ EXPECTED: dict[tuple[str, str], Roles] = {
     ("PUT", f"{V}/deployments/{{name}}/autoscale"): OPERATE,
     ("DELETE", f"{V}/deployments/{{name}}/autoscale"): OPERATE,
     ("POST", f"{V}/deployments/{{name}}/wake"): OPERATE | GATEWAY,
+    ("GET", f"{V}/deployments/{{name}}/logs"): READ,
+    ("GET", f"{V}/deployments/{{name}}/logs/follow"): READ,
+    ("GET", f"{V}/deployments/{{name}}/requests"): READ,
+    ("GET", f"{V}/audit"): ADMIN,
     ("GET", f"{V}/deployments/{{name}}/traffic"): READ,
     ("POST", f"{V}/deployments/{{name}}/rollout"): OPERATE,
     ("GET", f"{V}/deployments/{{name}}/rollout"): READ,
@@ -110,6 +114,8 @@ def concrete(template: str, token_ref: str) -> str:
     path = template.replace("{version}", "v1").replace("{path}", "config.json")
     path = path.replace("{ref}", token_ref).replace("{action}", "pause")
     path = path.replace("{rollout_id}", "1")
+    if path.endswith("/logs/follow"):
+        path += "?max_s=0.5"  # a stream: ended soon, as a client would reconnect
     if "/hosts/" in path:
         return path.replace("{name}", "gpu-1")
     if "/deployments/" in path:
