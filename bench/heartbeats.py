@@ -32,11 +32,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from client.credentials import CredentialsFile
+from protocol.logs import LogBatch, ShippedLine
 from protocol.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
@@ -63,8 +65,9 @@ def advertise_address(host: int) -> str:
     return f"10.0.{host // 256}.{host % 256}"
 
 
-def heartbeat_body(host: int, rng: random.Random) -> bytes:
-    """A realistic heartbeat of host number HOST, serialised once (agents resend similar ones)."""
+def heartbeat_body(host: int, rng: random.Random, log_lines: int = 0) -> bytes:
+    """A realistic heartbeat of host number HOST, serialised once (agents resend similar ones),
+    with LOG_LINES shipped log lines (engine-like, ~160 characters each)."""
     gpus = [
         GpuStatus(
             index=i,
@@ -120,6 +123,22 @@ def heartbeat_body(host: int, rng: random.Random) -> bytes:
         disk_free_bytes=3 * 2**40,
         preflight=[PreflightCheck(name=n, status="pass") for n in ("driver", "cuda", "ecc")],
     )
+    # The agent's own lines: an engine's would be checked against instances this bench never
+    # created (and dropped); these are stored like an engine's.
+    now = datetime.now(UTC)
+    logs = LogBatch(
+        lines=[
+            ShippedLine(
+                source="agent",
+                time=now,
+                seq=n,
+                line=f'{{"time": "{now.isoformat()}", "level": "info", "logger": "engine.requests"'
+                f', "message": "POST /v1/completions 200", "request_id": "req-{host}-{n}"}}',
+                request_id=f"req-{host}-{n}",
+            )
+            for n in range(log_lines)
+        ]
+    )
     beat = Heartbeat(
         applied_generation=1,
         facts=facts,
@@ -127,6 +146,7 @@ def heartbeat_body(host: int, rng: random.Random) -> bytes:
         gpus=gpus,
         instances=instances,
         metrics=metrics,
+        logs=logs if log_lines else None,
     )
     return beat.model_dump_json(exclude_none=True).encode()
 
@@ -423,7 +443,7 @@ def bench_backend(backend: str, db_url: str, args: argparse.Namespace) -> list[P
     ):
         tokens = register_agents(server, args.agents)
         rng = random.Random(0)
-        bodies = [heartbeat_body(i, rng) for i in range(args.agents)]
+        bodies = [heartbeat_body(i, rng, args.log_lines) for i in range(args.agents)]
         # Warm-up: first heartbeats insert GPU rows and instance state; not measured.
         asyncio.run(
             run_phase(server, tokens, bodies, name="warm-up", seconds=args.warmup, rate=None)
@@ -495,14 +515,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--backends", nargs="+", default=["sqlite", "postgres"])
+    parser.add_argument(
+        "--log-lines", type=int, default=0, help="log lines each heartbeat ships (issue 32)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a few seconds, for the test suite")
     args = parser.parse_args(argv)
     if args.smoke:
         args.agents, args.rates, args.concurrency = 20, [100.0], 8
         args.duration, args.warmup = 1.5, 0.5
+        args.log_lines = args.log_lines or 5  # the logs path runs in the smoke too
     print(
         f"heartbeats: {args.agents} agents, 8 GPUs + 2 instances each, "
-        f"{args.duration:.0f} s per phase (goal >= 500 hb/s, p99 < 100 ms)"
+        f"{args.duration:.0f} s per phase, {args.log_lines} log lines per heartbeat "
+        "(goal >= 500 hb/s, p99 < 100 ms)"
     )
     for backend in args.backends:
         if backend == "sqlite":
