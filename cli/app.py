@@ -13,15 +13,18 @@ import typer
 
 from cli import (
     cmd_agent,
+    cmd_audit,
     cmd_autoscale,
     cmd_deploy,
     cmd_doctor,
     cmd_engine,
     cmd_fleet,
     cmd_gateway,
+    cmd_logs,
     cmd_metrics,
     cmd_model,
     cmd_provision,
+    cmd_requests,
     cmd_rollout,
     cmd_server,
     cmd_tune,
@@ -68,6 +71,9 @@ cmd_provision.register(cmd_fleet.host_app)
 cmd_autoscale.register(cmd_deploy.deploy_app)
 cmd_fleet.register(app)
 cmd_metrics.register(app)
+cmd_logs.register(app)
+cmd_requests.register(app)
+cmd_audit.register(app)
 cmd_doctor.register(app)
 cmd_up.register(app)
 cmd_tune.register(app)

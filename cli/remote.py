@@ -15,6 +15,7 @@ from cli.exits import USAGE, fail
 if TYPE_CHECKING:
     from pydantic import ValidationError
 
+    from client.credentials import Context
     from client.http import ControlPlaneClient
     from protocol.version_ref import VersionRef
 
@@ -30,18 +31,27 @@ _NAME_RULE = (
 _VERSION_RULE = "letters, digits, '.', '_' and '-' (at most 64)"
 
 
+def current_context() -> Context:
+    """The context in use (`DCTL_URL`/`DCTL_TOKEN` override it); none configured exits 1."""
+    from client.credentials import CredentialsError, resolve
+
+    try:
+        return resolve()
+    except CredentialsError as exc:
+        fail(str(exc))
+
+
 @contextmanager
 def connect(timeout: float = 10.0) -> Iterator[ControlPlaneClient]:
     """A client for the current context (`DCTL_URL`/`DCTL_TOKEN` override it); errors exit 1."""
     # Imported here so that `dctl --help` never pays for httpx and pydantic.
-    from client.credentials import CredentialsError, resolve
     from client.errors import ClientError
     from client.http import ControlPlaneClient
 
+    context = current_context()
     try:
-        context = resolve()
         client = ControlPlaneClient.from_context(context, timeout=timeout)
-    except (CredentialsError, ClientError) as exc:
+    except ClientError as exc:
         # A context (or DCTL_URL) whose URL is not http(s)://HOST is refused here, before any call.
         fail(str(exc))
     try:
