@@ -54,6 +54,9 @@ def doctor(
             what = f"deployment {deployment!r}" if deployment else f"host {host!r}"
             fail(f"{what} not found: `dctl deploy list` / `dctl host list` name them", USAGE)
     findings = diagnose(snapshot)
+    for note in snapshot.notes:
+        # On stderr: --json stays a list of findings, and a skipped rule is not one.
+        print(f"note: {printable(note)}", file=sys.stderr)
     if as_json:
         print_json([f.to_json() for f in findings])
     else:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from doctor import autoscale, backends, hardware, load, serving, uptime
+from doctor import access, autoscale, backends, hardware, load, serving, uptime
 from doctor.findings import SEVERITY_ORDER, Finding, FleetSnapshot
 
 Rule = Callable[[FleetSnapshot], list[Finding]]
@@ -31,6 +31,7 @@ RULES: tuple[Rule, ...] = (
     load.readiness,
     autoscale.limits,
     backends.backend_figures,
+    access.anomalies,
 )
 
 

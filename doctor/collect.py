@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from client import calls
+from client.errors import ClientError
 from doctor.findings import FleetSnapshot, Points
+from protocol.logs import AuditReport
 from protocol.rest import SeriesOut
 from protocol.version_ref import VersionRef
 
@@ -24,8 +26,8 @@ def collect(
     minutes: int = WINDOW_MINUTES,
 ) -> FleetSnapshot:
     """Deployments (all, or DEPLOYMENT), their versions and traffic, and the hosts they run on
-    (all, or HOST) with instances and recent samples. A name that does not exist raises the
-    client's 404."""
+    (all, or HOST) with instances and recent samples; for the whole fleet, the access audit too.
+    A name that does not exist raises the client's 404."""
     snap = FleetSnapshot()
     snap.deployments = (
         [api.get_deployment(deployment)] if deployment is not None else api.list_deployments()
@@ -50,7 +52,25 @@ def collect(
         gpu_series, per_instance = split_series(api.send(calls.host_samples(name, minutes=minutes)))
         snap.host_series[name] = gpu_series
         snap.instance_series.update(per_instance)
+    if deployment is None and host is None:
+        # Client tokens are the fleet's, not one deployment's or host's.
+        snap.audit, skipped = read_audit(api)
+        if skipped:
+            snap.notes.append(f"access.audit skipped: {skipped}")
     return snap
+
+
+def read_audit(api: ControlPlaneClient) -> tuple[AuditReport | None, str | None]:
+    """The access audit (the control plane's default range), or None and why it was not read:
+    only admins may, and a control plane older than the audit has none."""
+    try:
+        return api.access_audit(), None
+    except ClientError as exc:
+        if exc.status == 403:
+            return None, "reading the access audit needs an admin token"
+        if exc.status == 404:
+            return None, "this control plane keeps no access audit (upgrade it)"
+        raise
 
 
 def split_series(

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from protocol.engine_config import ChaosConfig, ModelTuning, ResourcesConfig, ServiceTuning
 from protocol.gateway import DeploymentTraffic
+from protocol.logs import AuditReport
 from protocol.rest import DeploymentOut, HostOut, InstanceOut, VersionOut
 from protocol.version_ref import VersionRef
 
@@ -52,6 +53,10 @@ class FleetSnapshot:
     instance_series: dict[int, dict[str, Points]] = field(default_factory=dict)
     # Deployment name -> what the gateways served it recently.
     traffic: dict[str, DeploymentTraffic] = field(default_factory=dict)
+    # The access audit of client tokens (admin only): None when it was not read.
+    audit: AuditReport | None = None
+    # What could not be looked at, and why ("access.audit skipped: ..."): shown, never a finding.
+    notes: list[str] = field(default_factory=list)
 
     def instances(self) -> list[tuple[DeploymentOut, InstanceOut]]:
         """Every instance of the deployments looked at, on the hosts looked at."""
