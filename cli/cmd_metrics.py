@@ -1,5 +1,6 @@
 """`dctl metrics targets`: the fleet's live scrape targets, for a Prometheus to read;
-`dctl metrics config`: the Prometheus config, alert rules and Grafana dashboard dctl ships.
+`dctl metrics config`: the Prometheus config, alert rules, Grafana dashboard and log shippers'
+configs (Vector, Promtail) dctl ships.
 
 `--format file_sd` (the default) prints the JSON of a `file_sd_configs` file; `--format static`
 a `scrape_configs:` YAML snippet with one job per role and scheme. With `-o FILE` the text is
@@ -185,7 +186,8 @@ def config(
         False, "--force", help="Overwrite files there that differ from the packaged ones."
     ),
 ) -> None:
-    """Write the Prometheus config, alert rules and Grafana dashboard that ship with dctl."""
+    """Write the Prometheus config, alert rules, Grafana dashboard and Vector/Promtail configs
+    (logs to Loki) that ship with dctl."""
     import monitoring
 
     if output.exists() and not output.is_dir():
@@ -208,7 +210,9 @@ def config(
     print(
         f"next: dctl metrics targets -o {output / 'targets.json'} --watch &\n"
         f"      prometheus --config.file={output / 'prometheus.yml'}\n"
-        f"      Grafana: Dashboards -> Import -> {dashboard}"
+        f"      Grafana: Dashboards -> Import -> {dashboard}\n"
+        f"      logs to Loki (edit paths and URL first): vector --config {output / 'vector.toml'}"
+        f" or promtail -config.file={output / 'promtail.yml'}"
     )
 
 

@@ -1,4 +1,5 @@
-"""What operators run next to a fleet: Prometheus config and alert rules, the Grafana dashboard.
+"""What operators run next to a fleet: Prometheus config and alert rules, the Grafana dashboard,
+and Vector / Promtail configs that ship the gateway's request log and the engines' logs to Loki.
 
 The files ship inside the wheel as package data and are read through `importlib.resources`, so
 `dctl metrics config -o DIR` writes the same files from an installed wheel as from a checkout.
@@ -17,6 +18,8 @@ ARTEFACTS: dict[str, tuple[str, str]] = {
     "alerts.yml": ("prometheus", "alerts.yml"),
     "alerts_test.yml": ("prometheus", "alerts_test.yml"),
     "grafana-dashboard.json": ("grafana", "dctl.json"),
+    "vector.toml": ("logs", "vector.toml"),
+    "promtail.yml": ("logs", "promtail.yml"),
 }
 
 

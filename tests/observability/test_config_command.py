@@ -18,6 +18,8 @@ SHIPPED = {
     "alerts.yml": ROOT / "monitoring" / "prometheus" / "alerts.yml",
     "alerts_test.yml": ROOT / "monitoring" / "prometheus" / "alerts_test.yml",
     "grafana-dashboard.json": ROOT / "monitoring" / "grafana" / "dctl.json",
+    "vector.toml": ROOT / "monitoring" / "logs" / "vector.toml",
+    "promtail.yml": ROOT / "monitoring" / "logs" / "promtail.yml",
 }
 
 
