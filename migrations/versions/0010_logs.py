@@ -10,7 +10,6 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from controlplane.models import UTCDateTime
 
 revision = "0010"
 down_revision = "0009"
@@ -26,7 +25,7 @@ def upgrade() -> None:
         sa.Column("deployment_id", sa.Integer(), nullable=True),
         sa.Column("instance_id", sa.Integer(), nullable=True),
         sa.Column("source", sa.String(length=8), nullable=False),
-        sa.Column("time", UTCDateTime(), nullable=False),
+        sa.Column("time", sa.DateTime(), nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("line", sa.Text(), nullable=False),
         sa.Column("request_id", sa.String(length=128), nullable=True),
@@ -46,7 +45,7 @@ def upgrade() -> None:
         sa.Column("deployment_id", sa.Integer(), nullable=False),
         sa.Column("gateway", sa.String(length=128), nullable=False),
         sa.Column("request_id", sa.String(length=128), nullable=False),
-        sa.Column("time", UTCDateTime(), nullable=False),
+        sa.Column("time", sa.DateTime(), nullable=False),
         sa.Column("token", sa.String(length=63), nullable=False),
         sa.Column("version", sa.String(length=200), nullable=False),
         sa.Column("pool", sa.String(length=16), nullable=False),
@@ -75,8 +74,8 @@ def upgrade() -> None:
         sa.Column("key_id", sa.String(length=32), nullable=False),
         sa.Column("deployment", sa.String(length=63), nullable=False),
         sa.Column("reason", sa.String(length=16), nullable=False),
-        sa.Column("started_at", UTCDateTime(), nullable=False),
-        sa.Column("ended_at", UTCDateTime(), nullable=False),
+        sa.Column("started_at", sa.DateTime(), nullable=False),
+        sa.Column("ended_at", sa.DateTime(), nullable=False),
         sa.Column("requests", sa.BigInteger(), nullable=False),
         sa.Column("errors", sa.BigInteger(), nullable=False),
         sa.Column("rate_limited", sa.BigInteger(), nullable=False),
