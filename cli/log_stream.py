@@ -4,11 +4,13 @@ reconnecting that keeps the stream going when a connection drops.
 `GET /api/v1/deployments/{name}/logs/follow` answers Server-Sent Events: `event: line` with
 `data: <LogEntry JSON>` per line, and a `: keep-alive` comment about every 15 s between. The
 stream starts after the cursor it is given (`after`, a line's id), so a connection opened again
-after the last line shown neither repeats nor skips one. A connection that drops, or stays
-silent for `READ_TIMEOUT_S` (a few missed keep-alives), is opened again after each of
-`RECONNECT_DELAYS_S`; when all of those attempts fail in a row, `follow` gives up with the reason
-and the cursor to resume from. An answer that reconnecting cannot change (a 4xx: no such
-deployment, a bad filter, a token that may not read logs) ends it at once.
+after the last line shown neither repeats nor skips one. The control plane ends each stream
+after a while (`max_s`, 5 minutes), as a watch does: the next one is opened at once. A
+connection that fails, or stays silent for `READ_TIMEOUT_S` (a few missed keep-alives), is
+opened again after each of `RECONNECT_DELAYS_S`; when all of those attempts fail in a row,
+`follow` gives up with the reason and the cursor to resume from. An answer that reconnecting
+cannot change (a 4xx: no such deployment, a bad filter, a token that may not read logs) ends
+it at once.
 
 The client's `ControlPlaneClient` answers whole JSON bodies; this is the one streamed call, made
 with the same context, TLS verification and error messages.
@@ -201,12 +203,15 @@ def follow(
     DELAYS; `FollowFailed` once every attempt failed in a row, `StreamRefused` at once."""
     attempt = 0
     while True:
+        received = False
         try:
             for entry in source.entries(after):
-                attempt = 0  # the connection works: a later drop gets every attempt again
+                received, attempt = True, 0  # it works: a later drop gets every attempt again
                 if entry is not None:
                     show(entry)
                     after = max(after, entry.id)
+            if received:
+                continue  # a bounded stream that ended as it does (`max_s`): open the next one
             reason = "the control plane ended the stream"
         except StreamDropped as exc:
             reason = str(exc)
