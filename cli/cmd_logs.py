@@ -6,7 +6,8 @@ characters removed; `--json` prints each `LogEntry` as a line of JSON instead. T
 through what the control plane keeps with its cursor; `--follow` then streams new lines
 (`cli.log_stream`) until Ctrl-C (exit 0), reconnecting after the last line shown when the
 connection drops; when it cannot, it says so, names the cursor to resume from, and exits 1.
-`--request ID` prints the gateway's summary of that request above its lines.
+`--request ID` prints the gateway's summary of that request above its lines (with `--json`, the
+lines alone: `dctl requests DEPLOYMENT --request ID --json` prints the summary).
 """
 
 from __future__ import annotations
