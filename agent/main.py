@@ -25,6 +25,8 @@ from agent.errors import AgentFailure, ControlPlaneRejected, UnusableIdentity
 from agent.gpu import BackendSelection, FakeBackend, select_backend
 from agent.host_facts import default_host_name, route_address
 from agent.instance_spec import SupervisorPolicy
+from agent.log_buffer import LogBuffer
+from agent.log_shipping import LogShipper
 from agent.main_loop import Agent, AgentConfig
 from agent.metrics import AgentMetrics
 from agent.preflight import PreflightConfig, run_preflight
@@ -33,7 +35,7 @@ from agent.settings import AgentSettings, SettingsError
 from agent.snapshots import SnapshotStore
 from agent.supervisor import Supervisor
 from protocol.monitoring import metrics_url
-from runtime.logs import configure_logging
+from runtime.logs import configure_logging, formatter
 from runtime.tls import TlsError, check_name, client_context
 
 log = logging.getLogger("dctl.agent")
@@ -172,7 +174,11 @@ def build_agent(
         data_dir / "agent" / "run",
         SubprocessLauncher(),
         HttpProber(tls=engine_trust),
-        policy=SupervisorPolicy(startup_grace_s=settings.startup_grace_s),
+        policy=SupervisorPolicy(
+            startup_grace_s=settings.startup_grace_s,
+            log_max_bytes=settings.engine_log_max_bytes,
+            log_keep=settings.engine_log_keep,
+        ),
     )
     config = AgentConfig(
         control_plane=control_plane,
@@ -197,7 +203,22 @@ def build_agent(
         ControlPlaneLink(control_plane, tls=control_plane_tls),
         metrics=agent_metrics,
         fetch_metrics=HttpMetricsScraper(tls=engine_trust),
+        logs=log_shipper(settings, supervisor),
     )
+
+
+def log_shipper(settings: AgentSettings, supervisor: Supervisor) -> LogShipper | None:
+    """What ships SUPERVISOR's engine logs and the agent's own records (None: `ship_logs` off);
+    the agent's lines in the format of its stderr."""
+    if not settings.ship_logs:
+        return None
+    shipper = LogShipper(
+        supervisor.log_path,
+        LogBuffer(settings.log_buffer_lines, settings.log_buffer_bytes),
+        cursor_file=settings.data_dir / "agent" / "log-cursors.json",
+    )
+    shipper.handler.setFormatter(formatter(settings.log_format))
+    return shipper
 
 
 def _pair(cert: Path | None, key: Path | None) -> tuple[str, str] | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from agent.engine_metrics import EngineMetricsTracker
 from agent.errors import ControlPlaneRejected, ControlPlaneUnavailable, UnusableIdentity
 from agent.gpu import BackendSelection, GpuError, GpuSnapshot
 from agent.host_facts import default_host_name, gpu_status, host_facts, rss_bytes
+from agent.log_shipping import LogShipper
 from agent.metrics import AgentMetrics
 from agent.preflight import PreflightReport
 from agent.reconciler import Reconciler
@@ -80,6 +82,7 @@ class Agent:
         metrics: AgentMetrics | None = None,
         fetch_metrics: MetricsFetcher | None = None,
         clock: Callable[[], float] = time.monotonic,
+        logs: LogShipper | None = None,
     ) -> None:
         self.config = config
         self.selection = selection
@@ -90,6 +93,9 @@ class Agent:
         self.metrics = metrics or AgentMetrics()
         self.fetch_metrics = fetch_metrics or (lambda host, port, path: None)
         self.clock = clock
+        # Engine and agent log lines for the heartbeats (None: none shipped).
+        self.logs = logs
+        self._logs_dropped = 0
         self.identities = IdentityStore(config.data_dir / "agent")
         self.identity: AgentIdentity | None = None
         self.interval_s = 5.0
@@ -213,6 +219,7 @@ class Agent:
             instances=self.observed(),
             snapshots=progress[-64:],
             metrics=self.engine_metrics.deltas()[:256],
+            logs=self.logs.next_batch() if self.logs is not None else None,
         )
         try:
             reply = self.link.heartbeat(beat, identity.token)
@@ -230,6 +237,10 @@ class Agent:
                 self.identity = None
             else:
                 log.error("heartbeat refused: %s", exc)
+                if exc.status in (413, 422) and beat.logs and self.logs is not None:
+                    # Perhaps for its log lines: retried, they would refuse every heartbeat.
+                    lost = self.logs.discard_in_flight()
+                    log.warning("dropped the %d log lines of the refused heartbeat", lost)
             return None
         if self._outage_since is not None:
             log.info(
@@ -238,6 +249,10 @@ class Agent:
             self._outage_since = None
         self.metrics.heartbeats.labels(result="ok").inc()
         self.engine_metrics.acknowledge()
+        if self.logs is not None:
+            shipped = Counter(line.source for line in self.logs.acknowledge().lines)
+            for source, count in shipped.items():
+                self.metrics.log_lines_shipped.labels(source=source).inc(count)
         wanted = {d.model.digest for d in reply.instances} | {r.digest for r in reply.prefetch}
         self.fetcher.reported(reported_ready, wanted)
         self.interval_s = reply.heartbeat_interval_s
@@ -287,9 +302,20 @@ class Agent:
 
     # --- the loop ----------------------------------------------------------------------------
 
+    def _collect_logs(self) -> None:
+        if self.logs is None:
+            return
+        self.logs.collect(self.supervisor.instance_ids())
+        buffer = self.logs.buffer
+        self.metrics.log_lines_dropped.inc(buffer.dropped_total - self._logs_dropped)
+        self._logs_dropped = buffer.dropped_total
+        self.metrics.log_lines_buffered.set(len(buffer))
+        self.metrics.log_bytes_buffered.set(buffer.bytes)
+
     def step(self) -> None:
-        """One pass of the loop: supervise, collect fetches, heartbeat when due."""
+        """One pass of the loop: supervise, read logs, collect fetches, heartbeat when due."""
         self.supervisor.tick()
+        self._collect_logs()
         self._collect_fetches()
         now = self.clock()
         if now >= self._next_heartbeat:
@@ -316,7 +342,22 @@ class Agent:
                 self._last_loop_error = (repr(exc), now)
 
     def run(self, stop: threading.Event) -> None:
-        """Loop until STOP is set; engines are left running unless configured otherwise."""
+        """Loop until STOP is set; engines are left running unless configured otherwise.
+
+        While it runs, the agent's own log records (the root logger's) are shipped too.
+        """
+        if self.logs is None:
+            self._run(stop)
+            return
+        root = logging.getLogger()
+        root.addHandler(self.logs.handler)
+        try:
+            self._run(stop)
+        finally:
+            root.removeHandler(self.logs.handler)
+            self.logs.close()
+
+    def _run(self, stop: threading.Event) -> None:
         adopted = self.supervisor.adopt_existing()
         if adopted:
             log.info("adopted running engine(s) for instance(s) %s", adopted)

@@ -1,5 +1,6 @@
 """The agent's own `/metrics`, for a user's Prometheus: GPU gauges (`dctl_gpu_`, base units) plus
-snapshot, supervisor and heartbeat counters (`dctl_agent_`), on a registry of its own."""
+snapshot, supervisor, heartbeat and log shipping counters (`dctl_agent_`), on a registry of its
+own."""
 
 from __future__ import annotations
 
@@ -79,6 +80,22 @@ class AgentMetrics:
         self.heartbeats = Counter(
             "dctl_agent_heartbeats", "Heartbeats sent, by result.", ["result"], registry=r
         )
+        self.log_lines_shipped = Counter(
+            "dctl_agent_log_lines_shipped", "Log lines the control plane took, by source.",
+            ["source"], registry=r,
+        )  # fmt: skip
+        self.log_lines_dropped = Counter(
+            "dctl_agent_log_lines_dropped",
+            "Log lines dropped: the buffer was full, or the control plane refused their batch.",
+            registry=r,
+        )
+        self.log_lines_buffered = Gauge(
+            "dctl_agent_log_lines_buffered", "Log lines waiting to be shipped.", registry=r
+        )
+        self.log_bytes_buffered = Gauge(
+            "dctl_agent_log_buffered_bytes", "Bytes of log lines waiting to be shipped.",
+            registry=r,
+        )  # fmt: skip
         self.preflight_ok = Gauge(
             "dctl_agent_preflight_ok", "1 when the last preflight had no failure.", registry=r
         )
@@ -86,6 +103,8 @@ class AgentMetrics:
             self.snapshot_fetches.labels(result=result)
         for result in ("ok", "error"):
             self.heartbeats.labels(result=result)
+        for source in ("engine", "agent"):
+            self.log_lines_shipped.labels(source=source)
 
     def serve(self, port: int, host: str = "127.0.0.1", tls: tuple[str, str] | None = None) -> int:
         """Serve /metrics on HOST:PORT (0 picks a free port), over HTTPS with TLS (certificate,

@@ -16,6 +16,10 @@ manifest's size and sha256. The default is no roots: a manifest's author could o
 any directory the agent can read and learn from the failure report whether a file there has
 the size and digest they guessed.
 
+Logs: each engine's log file is bounded (`engine_log_max_bytes` x `engine_log_keep` rotated
+files), and with `ship_logs` its lines and the agent's own go to the control plane in heartbeats,
+redacted on this host first (`agent.log_shipping`).
+
 TLS: `ca_file` is what the control plane's certificate is verified with (default: the system
 trust store); `metrics_tls_cert`/`metrics_tls_key` make the agent's `/metrics` HTTPS, and
 `engine_tls_cert`/`engine_tls_key` go into every engine's config so engines serve HTTPS (the
@@ -39,6 +43,7 @@ from pydantic_settings import (
 )
 
 from agent.gpu import FakeBackend, parse_spec
+from protocol.logs import MAX_BATCH_BYTES, MAX_BATCH_LINES
 from protocol.wire import DEFAULT_PORT_RANGE, Address, Name, Port, RegisterRequest
 from runtime import paths
 from runtime.settings import (
@@ -110,6 +115,15 @@ class AgentSettings(FileBackedSettings):
     # Directories local weight sources may be copied from (empty: none, all from the control
     # plane); env DCTL_AGENT_MODEL_ROOTS=/srv/models:/data/ckpt.
     model_roots: ModelRoots = ()
+    # Each engine's log (data_dir/agent/run/logs/instance-N.log) is rotated at every start and
+    # copy-truncated past the size while it runs; this many rotated files are kept beside it.
+    engine_log_max_bytes: int = Field(default=10 << 20, ge=64 << 10)
+    engine_log_keep: int = Field(default=3, ge=1, le=100)
+    # Engine and agent log lines go to the control plane in heartbeats, through a buffer of at
+    # most these many lines and bytes; past the bound the newest are dropped, and counted.
+    ship_logs: bool = True
+    log_buffer_lines: int = Field(default=20_000, ge=MAX_BATCH_LINES)
+    log_buffer_bytes: int = Field(default=8 << 20, ge=MAX_BATCH_BYTES)
 
     @field_validator("control_plane")
     @classmethod
