@@ -451,7 +451,7 @@ class LogLine(SQLModel, table=True):
     seq: int = Field(default=0, sa_type=sa.BigInteger)
     line: str = Field(sa_column=sa.Column(sa.Text(), nullable=False))
     request_id: str | None = Field(default=None, max_length=128, index=True)
-    dropped: int = 0
+    dropped: int = Field(default=0, sa_type=sa.BigInteger)
 
 
 class RequestRecord(SQLModel, table=True):

@@ -32,6 +32,9 @@ MAX_REQUESTS_PER_REPORT = 1000
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
 
 LogSource = Literal["engine", "agent"]
+# Bounds of every integer a request carries (the store's columns: 32-bit ids, 64-bit counts).
+INT32_MAX = 2**31 - 1
+COUNT_MAX = 2**62
 
 
 def _utc(value: datetime) -> datetime:
@@ -42,9 +45,13 @@ class ShippedLine(ApiModel):
     """One log line as an agent ships it (already redacted)."""
 
     source: LogSource = "engine"
-    instance_id: int | None = Field(default=None, ge=1, description="None: the agent's own")
+    instance_id: int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="None: the agent's own"
+    )
     time: datetime = Field(description="when the agent read it (or the line's own time)")
-    seq: int = Field(ge=0, description="per (host, instance) counter: order within one time")
+    seq: int = Field(
+        ge=0, le=COUNT_MAX, description="per (host, instance) counter: order within one time"
+    )
     line: str = Field(max_length=MAX_LINE_CHARS + 64)
     request_id: str | None = Field(default=None, pattern=REQUEST_ID_PATTERN)
 
@@ -56,7 +63,7 @@ class LogBatch(ApiModel):
     batch the control plane took (its buffer's bound)."""
 
     lines: list[ShippedLine] = Field(default_factory=list, max_length=MAX_BATCH_LINES)
-    dropped: int = Field(default=0, ge=0)
+    dropped: int = Field(default=0, ge=0, le=COUNT_MAX)
 
 
 class LogEntry(ApiModel):
@@ -92,10 +99,10 @@ class RequestSummary(ApiModel):
     deployment: str = Field(max_length=63)
     version: str = Field(default="", max_length=200, description="MODEL:VERSION that served it")
     pool: str = Field(default="", max_length=16, description="stable | canary")
-    instance_id: int | None = None
+    instance_id: int | None = Field(default=None, ge=1, le=INT32_MAX)
     status: int = Field(ge=0, le=999)
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    completion_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     steps_per_block: float | None = Field(default=None, ge=0)
     tokens_per_forward: float | None = Field(default=None, ge=0)
     ttft_s: float | None = Field(default=None, ge=0)
@@ -114,7 +121,7 @@ class TokenRefusal(ApiModel):
     token: str = Field(default="", max_length=63, description="its name; '' when unknown")
     key_id: str = Field(default="", max_length=32)
     reason: RefusalReason
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=COUNT_MAX)
 
 
 class TokenUsage(ApiModel):
@@ -123,9 +130,11 @@ class TokenUsage(ApiModel):
 
     token: str = Field(max_length=63, description="the client token's name")
     deployment: str = Field(max_length=63)
-    requests: int = Field(ge=0)
-    errors: int = Field(default=0, ge=0, description="5xx answers and failed connections")
-    rate_limited: int = Field(default=0, ge=0, description="429s")
+    requests: int = Field(ge=0, le=COUNT_MAX)
+    errors: int = Field(
+        default=0, ge=0, le=COUNT_MAX, description="5xx answers and failed connections"
+    )
+    rate_limited: int = Field(default=0, ge=0, le=COUNT_MAX, description="429s")
 
 
 class RequestOut(RequestSummary):

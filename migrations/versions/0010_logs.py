@@ -28,7 +28,7 @@ def upgrade() -> None:
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("line", sa.Text(), nullable=False),
         sa.Column("request_id", sa.String(length=128), nullable=True),
-        sa.Column("dropped", sa.Integer(), nullable=False),
+        sa.Column("dropped", sa.BigInteger(), nullable=False),
         sa.ForeignKeyConstraint(["host_id"], ["host.id"], ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["deployment_id"], ["deployment.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),

@@ -24,7 +24,7 @@ from protocol.logs import MAX_BATCH_LINES, MAX_LINE_CHARS, LogBatch
 from protocol.wire import Heartbeat
 from runtime.logs import formatter
 from tests.agent.fakes import FakeLauncher, Health
-from tests.agent.test_main_loop import Rig, checkpoint, desired
+from tests.agent.rig import Rig, checkpoint, desired
 
 SECRETS = ("abc.def-ghi", "dctl_k1_s3cretS3cret", "sk-live-123", "hunter2")
 
