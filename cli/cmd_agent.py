@@ -139,6 +139,24 @@ def agent(
     ),
     allow_root: bool = typer.Option(False, "--allow-root", help="Run even as root."),
     log_level: str = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+    engine_log_max_bytes: int = typer.Option(
+        None, "--engine-log-max-bytes", help="Rotate an engine's log file past this [10 MiB]."
+    ),
+    engine_log_keep: int = typer.Option(
+        None, "--engine-log-keep", help="Rotated engine log files kept [3]."
+    ),
+    log_buffer_lines: int = typer.Option(
+        None,
+        "--log-buffer-lines",
+        help="Log lines held for the control plane while it is away; more are counted as "
+        "dropped [20000].",
+    ),
+    log_buffer_bytes: int = typer.Option(
+        None, "--log-buffer-bytes", help="The same bound in bytes [8 MiB]."
+    ),
+    no_ship_logs: bool = typer.Option(
+        False, "--no-ship-logs", help="Keep engine logs on this host only (no `dctl logs`)."
+    ),
 ) -> None:
     """Run the agent: register with the control plane, heartbeat, supervise engines."""
     if ctx.invoked_subcommand is not None:
@@ -171,6 +189,12 @@ def agent(
         stop_engines_on_exit=stop_engines_on_exit or None,
         allow_root=allow_root or None,
         log_level=log_level,
+        engine_log_max_bytes=engine_log_max_bytes,
+        engine_log_keep=engine_log_keep,
+        log_buffer_lines=log_buffer_lines,
+        log_buffer_bytes=log_buffer_bytes,
+        # An absent off-switch leaves the file's or env's value alone.
+        ship_logs=False if no_ship_logs else None,
     )
     notices: list[str] = []
     source = ctx.get_parameter_source("bootstrap_token")  # typer vendors click: match by name

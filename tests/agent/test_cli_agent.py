@@ -104,3 +104,12 @@ def test_a_bad_setting_stops_start_up_with_one_line_naming_it(tmp_path: Path) ->
         "agent", "--data-dir", str(tmp_path), env={"DCTL_CONFIG": str(config.with_name("x"))}
     )
     assert no_cp.returncode == 2 and "control_plane is required" in no_cp.stderr
+
+
+def test_log_bounds_are_flags_checked_like_the_rest(tmp_path: Path) -> None:
+    # A buffer smaller than one heartbeat's batch could never ship: refused, naming the flag.
+    result = dctl("agent", "--control-plane", "http://127.0.0.1:1", "--allow-root",
+                  "--data-dir", str(tmp_path), "--log-buffer-lines", "5")  # fmt: skip
+    assert result.returncode == 2
+    assert "log_buffer_lines (--log-buffer-lines" in result.stderr
+    assert "greater than or equal to 2000" in result.stderr
