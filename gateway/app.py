@@ -21,6 +21,11 @@ so the in-flight limits bound the waiting too. Every refusal is in OpenAI's erro
 carries the request id (`x-request-id`: the client's when it is a sane token, else a new one),
 which also goes to the engine and into the one log line per request.
 
+Each completion request ends in one `RequestSummary`: into the JSONL request log when there is
+one (every request, refusals included), and into the next traffic report (`RequestsSeen`) when
+it was routed to a deployment; a refusal of the client's token (`ClientTokenRefused`) is counted for
+the report by token and reason instead.
+
 A pinned request is counted apart (`pinned="true"` in the metrics, in no traffic window): the
 rollout analysis reads the windows, and the sender of a pinned request chose its version.
 """
@@ -35,22 +40,26 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
-from gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin
+from gateway.access import RateLimiter, TokenSlots, authenticate, check_pool_pin, check_scope
 from gateway.asgi import Receive, Scope, Send, header_map, send_bytes, send_error, send_json
 from gateway.cold_start import ColdStarts
-from gateway.errors import GatewayError, not_found
+from gateway.errors import ClientTokenRefused, GatewayError, not_found
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import Forwarded, ForwardRequest, Proxy
+from gateway.request_log import RequestLog
 from gateway.routes import ClientGrant, Routes, RoutingTable
+from gateway.summaries import RequestsSeen
 from protocol.gateway import Pool
+from protocol.logs import REQUEST_ID_PATTERN, RequestSummary
 from runtime.asgi_body import CLIENT_CLOSED_REQUEST, BodyTooLarge, ClientGone, read_body
 
 log = logging.getLogger("dctl.gateway.requests")
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
-_REQUEST_ID_RE = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}")
+_REQUEST_ID_RE = re.compile(REQUEST_ID_PATTERN.encode())
 # Header values copied into the engine request: printable ASCII only (no CR/LF), bounded.
 _HEADER_VALUE_RE = re.compile(rb"[\t\x20-\x7e]{1,1024}")
 _POOLS: dict[bytes, Pool] = {b"stable": "stable", b"canary": "canary"}
@@ -66,6 +75,20 @@ class Limits:
     body_timeout_s: float  # from the request's headers to the end of its body
 
 
+@dataclass
+class Arrival:
+    """A completion request as far as the gateway got with it, for its summary."""
+
+    request_id: bytes
+    received_at: float  # on the proxy's clock
+    time: float  # the wall clock, epoch seconds
+    grant: ClientGrant | None = None
+    deployment: str = ""  # the one its `model` names
+    routed: bool = False  # the token may use it: on to the deployment
+    pinned: Pool | None = None
+    stream: bool = False
+
+
 @dataclass(frozen=True)
 class Lifespan:
     """What runs when the server starts and stops (background tasks, the last report)."""
@@ -76,7 +99,8 @@ class Lifespan:
 
 class GatewayApp:
     """The ASGI callable. NOW is the wall clock in epoch seconds (token expiry), CLOCK the
-    proxy's monotonic clock (durations)."""
+    proxy's monotonic clock (durations). SEEN keeps what the traffic reports say of requests
+    and tokens (None: no reports), REQUEST_LOG is the JSONL request log (None: off)."""
 
     def __init__(
         self,
@@ -89,6 +113,8 @@ class GatewayApp:
         limits: Limits,
         cold_starts: ColdStarts,
         lifespan: Lifespan | None = None,
+        seen: RequestsSeen | None = None,
+        request_log: RequestLog | None = None,
         now: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -100,6 +126,8 @@ class GatewayApp:
         self.limits = limits
         self.cold_starts = cold_starts
         self.lifespan = lifespan
+        self.seen = seen
+        self.request_log = request_log
         self.inflight = 0
         self._now = now
         self._clock = clock
@@ -172,7 +200,7 @@ class GatewayApp:
     async def _completion(self, scope: Scope, receive: Receive, send: Send) -> None:
         received_at = self._clock()
         headers = header_map(scope)
-        request_id = _request_id(headers.get(b"x-request-id"))
+        arrival = Arrival(_request_id(headers.get(b"x-request-id")), received_at, self._now())
         if self.inflight >= self.limits.max_inflight:
             error = GatewayError(
                 503,
@@ -180,53 +208,50 @@ class GatewayApp:
                 "(max_inflight); retry shortly",
                 code="overloaded",
             )
-            await self._refuse(send, error, request_id, scope, received_at)
+            await self._refuse(send, error, arrival, scope)
             return
         self.inflight += 1
         self.metrics.inflight.inc()
-        grant: ClientGrant | None = None
         slot: str | None = None  # the key id whose slot this request holds
         try:
             try:
                 table = self._table()
-                grant = authenticate(headers.get(b"authorization"), table, self._now())
+                authorization = headers.get(b"authorization")
+                grant = arrival.grant = authenticate(authorization, table, arrival.time)
                 self.slots.take(grant)
                 slot = grant.key_id
-                self.limiter.admit(grant.key_id)
-                pinned = self._pinned(headers.get(b"x-dctl-pool"), grant)
+                self.limiter.admit(grant)
+                pinned = arrival.pinned = self._pinned(headers.get(b"x-dctl-pool"), grant)
                 body = await self._body(receive, headers.get(b"content-length"))
-                model = _model_of(body)
+                model, arrival.stream = _model_of(body)
                 route = table.by_model.get(model)
                 if route is None:
                     raise _unknown_model(model, table, grant)
-                if not grant.may_use(route.deployment):
-                    raise GatewayError(
-                        403,
-                        f"API key {grant.key_id} ({grant.name}) may not use deployment "
-                        f"{route.deployment}; it may use: "
-                        + (", ".join(sorted(grant.deployments or ())) or "none"),
-                        param="model",
-                        code="model_not_allowed",
-                    )
+                arrival.deployment = route.deployment
+                check_scope(grant, route.deployment)
+                arrival.routed = True
                 if self.cold_starts.holds(route):
                     route = await self.cold_starts.wait(route, receive)
             except GatewayError as error:
-                await self._refuse(send, error, request_id, scope, received_at, grant)
+                await self._refuse(send, error, arrival, scope)
                 return
             except ClientGone:
                 self.metrics.count(None, CLIENT_CLOSED_REQUEST)
+                self._finished(
+                    scope, arrival, Forwarded(CLIENT_CLOSED_REQUEST, error="client left")
+                )
                 return
             request = ForwardRequest(
                 path=scope["path"].encode(),
                 body=body,
-                request_id=request_id,
+                request_id=arrival.request_id,
                 content_type=_clean(headers.get(b"content-type")),
                 accept=_clean(headers.get(b"accept")),
                 pinned=pinned,
                 received_at=received_at,
             )
             result = await self.proxy.forward(route, request, receive, send)
-            self._log(scope, request_id, result, received_at, grant, pinned)
+            self._finished(scope, arrival, result)
         finally:
             if slot is not None:
                 self.slots.give_back(slot)
@@ -261,8 +286,10 @@ class GatewayApp:
         try:
             table = self._table()
             grant = authenticate(headers.get(b"authorization"), table, self._now())
-            self.limiter.admit(grant.key_id)
+            self.limiter.admit(grant)
         except GatewayError as error:
+            if isinstance(error, ClientTokenRefused) and self.seen is not None:
+                self.seen.refused(error.refusal)
             await send_error(send, error)
             return
         data = [
@@ -296,52 +323,75 @@ class GatewayApp:
         return pool
 
     async def _refuse(
-        self,
-        send: Send,
-        error: GatewayError,
-        request_id: bytes,
-        scope: Scope,
-        received_at: float,
-        grant: ClientGrant | None = None,
+        self, send: Send, error: GatewayError, arrival: Arrival, scope: Scope
     ) -> None:
-        await send_error(send, error, request_id)
+        await send_error(send, error, arrival.request_id)
         self.metrics.count(None, error.status)
-        self._log(
-            scope, request_id, Forwarded(error.status, error=error.message), received_at, grant
-        )
+        if isinstance(error, ClientTokenRefused) and self.seen is not None:
+            self.seen.refused(error.refusal)
+        self._finished(scope, arrival, Forwarded(error.status, error=error.message))
 
-    def _log(
-        self,
-        scope: Scope,
-        request_id: bytes,
-        result: Forwarded,
-        received_at: float,
-        grant: ClientGrant | None,
-        pinned: Pool | None = None,
-    ) -> None:
-        if not log.isEnabledFor(logging.INFO):
+    def _finished(self, scope: Scope, arrival: Arrival, result: Forwarded) -> None:
+        """The request's log line, its summary for the request log and, routed, for the next
+        traffic report."""
+        latency_s = self._clock() - arrival.received_at
+        if log.isEnabledFor(logging.INFO):
+            _log(scope, arrival, result, latency_s)
+        if self.request_log is None and (self.seen is None or not arrival.routed):
             return
-        extra: dict[str, Any] = {
-            "request_id": request_id.decode(),
-            "path": scope["path"],
-            "status": result.status,
-            "duration_ms": round((self._clock() - received_at) * 1000, 2),
-        }
-        if grant is not None:
-            extra["client"] = grant.name
-        if result.pool is not None:
-            extra["deployment"] = result.pool.deployment
-            extra["version"] = result.pool.version
-            extra["pool"] = result.pool.name
-        if pinned is not None:
-            extra["pinned"] = True
-        if result.instance is not None:
-            extra["instance"] = result.instance.id
-        if result.retries:
-            extra["retries"] = result.retries
-        if result.error:
-            extra["error"] = result.error
-        log.info("request", extra=extra)
+        summary = _summary(arrival, result, latency_s)
+        if self.request_log is not None:
+            self.request_log.write(summary)
+        if self.seen is not None and arrival.routed:
+            self.seen.served(summary)
+
+
+def _log(scope: Scope, arrival: Arrival, result: Forwarded, latency_s: float) -> None:
+    """The request's line in the gateway's own log."""
+    extra: dict[str, Any] = {
+        "request_id": arrival.request_id.decode(),
+        "path": scope["path"],
+        "status": result.status,
+        "duration_ms": round(latency_s * 1000, 2),
+    }
+    if arrival.grant is not None:
+        extra["client"] = arrival.grant.name
+    if result.pool is not None:
+        extra["deployment"] = result.pool.deployment
+        extra["version"] = result.pool.version
+        extra["pool"] = result.pool.name
+    if arrival.pinned is not None:
+        extra["pinned"] = True
+    if result.instance is not None:
+        extra["instance"] = result.instance.id
+    if result.retries:
+        extra["retries"] = result.retries
+    if result.error:
+        extra["error"] = result.error
+    log.info("request", extra=extra)
+
+
+def _summary(arrival: Arrival, result: Forwarded, latency_s: float) -> RequestSummary:
+    """The request's `RequestSummary` (built unchecked: every value is the gateway's own)."""
+    pool, usage = result.pool, result.usage
+    ttft_s = result.ttft_s
+    return RequestSummary.model_construct(
+        request_id=arrival.request_id.decode(),
+        time=datetime.fromtimestamp(arrival.time, UTC),
+        token=arrival.grant.name if arrival.grant else "",
+        deployment=pool.deployment if pool else arrival.deployment,
+        version=pool.version if pool else "",
+        pool=pool.name if pool else "",
+        instance_id=result.instance.id if result.instance else None,
+        status=result.status,
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        completion_tokens=usage.completion_tokens if usage else None,
+        steps_per_block=usage.steps_per_block if usage else None,
+        tokens_per_forward=usage.tokens_per_forward if usage else None,
+        ttft_s=round(ttft_s, 6) if ttft_s is not None else None,
+        latency_s=round(max(latency_s, 0.0), 6),
+        stream=arrival.stream,
+    )
 
 
 def _request_id(value: bytes | None) -> bytes:
@@ -356,8 +406,9 @@ def _clean(value: bytes | None) -> bytes | None:
     return value if value is not None and _HEADER_VALUE_RE.fullmatch(value) else None
 
 
-def _model_of(body: bytes) -> str:
-    """The request's `model`, or a 400 saying what is wrong with the body."""
+def _model_of(body: bytes) -> tuple[str, bool]:
+    """The request's `model` and whether it asks for a stream, or a 400 saying what is wrong
+    with the body."""
     try:
         data = json.loads(body)
     except ValueError as exc:
@@ -368,7 +419,7 @@ def _model_of(body: bytes) -> str:
             400, "request body has no `model`: name a model (GET /v1/models lists them)",
             param="model", code="missing_model",
         )  # fmt: skip
-    return model
+    return model, data.get("stream") is True
 
 
 def _unknown_model(model: str, table: RoutingTable, grant: ClientGrant) -> GatewayError:

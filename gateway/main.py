@@ -3,13 +3,14 @@
 `dctl gateway` only turns its flags into `GatewaySettings` and calls `run(settings)`.
 
 `build_gateway` puts the parts together (routes, balancer, upstream pool, limits, metrics,
-traffic windows, cold starts, and, with a control plane, the route watcher, the traffic reporter,
-the heartbeat that lists the gateway as a scrape target, and the wake calls for deployments
-scaled to zero);
+traffic windows, cold starts, the JSONL request log when one is set, and, with a control plane,
+the route watcher, the traffic reporter with its request summaries and token counts, the
+heartbeat that lists the gateway as a scrape target, and the wake calls for deployments scaled
+to zero);
 `run` serves it with uvicorn (uvloop, httptools with the connection deadlines of `deadlines.py`,
 at most `max_connections` connections, no access log: the app logs one line per request itself)
 until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish within
-`shutdown_grace_s`, and posts a last traffic report.
+`shutdown_grace_s`, posts a last traffic report and writes the request log's last lines.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool_share import PoolShareCollector, PoolShares
 from gateway.presence import GatewayPresence, PresenceSink
 from gateway.proxy import Proxy
+from gateway.request_log import RequestLog
 from gateway.routes import Instance, Routes, RouteSource, RouteWatcher, RoutingTable
 from gateway.settings import GatewaySettings, SettingsError
+from gateway.summaries import RequestsSeen
 from gateway.traffic import TrafficReporter, TrafficSink, TrafficWindows
 from gateway.upstream import UpstreamPool
 from runtime.logs import configure_logging
@@ -77,10 +80,14 @@ class Gateway:
     watcher: RouteWatcher | None = None
     reporter: TrafficReporter | None = None
     presence: GatewayPresence | None = None
+    request_log: RequestLog | None = None
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def start(self) -> None:
-        """Start polling routes, reporting traffic and heartbeating (with a control plane)."""
+        """Start the request log's writer and, with a control plane, polling routes, reporting
+        traffic and heartbeating."""
+        if self.request_log is not None:
+            self.request_log.start()
         if self.watcher is not None:
             self._tasks.append(asyncio.create_task(self.watcher.run(), name="routes"))
         if self.reporter is not None:
@@ -102,6 +109,8 @@ class Gateway:
             except TimeoutError:
                 log.warning("the last traffic report timed out; its windows are lost")
         await self.app.cold_starts.close()
+        if self.request_log is not None:
+            await asyncio.to_thread(self.request_log.close)
         self.upstream.close()
         if self.control_plane is not None:
             await self.control_plane.aclose()
@@ -162,11 +171,16 @@ def build_gateway(
     )  # fmt: skip
     slots = TokenSlots(settings.max_concurrency_per_token)
     cold_starts = ColdStarts(routes, metrics)
+    seen: RequestsSeen | None = None
+    if settings.routes_file is None:  # a static routes file: nobody to report to
+        seen = RequestsSeen(settings.summary_sample_rps, time.monotonic, rng)
+    request_log = _request_log(settings, metrics)
     app = GatewayApp(
         routes=routes, proxy=proxy, limiter=limiter, slots=slots, metrics=metrics, limits=limits,
-        cold_starts=cold_starts,
+        cold_starts=cold_starts, seen=seen, request_log=request_log,
     )  # fmt: skip
     gateway = Gateway(settings, routes, balancer, upstream, metrics, windows, app)
+    gateway.request_log = request_log
     app.lifespan = Lifespan(gateway.start, gateway.stop)
 
     if settings.routes_file is not None:
@@ -192,6 +206,7 @@ def build_gateway(
         address=address,
         port=port or settings.port or None,
         interval_s=settings.report_interval_s,
+        seen=seen,
     )
     if port or settings.port:
         # Only a known port can be scraped (build_gateway without one is a test's).
@@ -207,6 +222,26 @@ def build_gateway(
         except ValueError as exc:  # an address the control plane would refuse: serve anyway
             log.warning("no heartbeats (not listed as a scrape target): %s", exc)
     return gateway
+
+
+def _request_log(settings: GatewaySettings, metrics: GatewayMetrics) -> RequestLog | None:
+    """The JSONL request log of SETTINGS (None: off); `SettingsError` when it cannot be written."""
+    path = settings.request_log_file
+    if path is None:
+        return None
+    lines = metrics.request_log_lines
+    try:
+        return RequestLog(
+            path,
+            max_bytes=settings.request_log_max_bytes,
+            max_files=settings.request_log_max_files,
+            written=lines.labels("written"),
+            dropped=lines.labels("dropped"),
+        )
+    except OSError as exc:
+        raise SettingsError(
+            f"invalid setting request_log_file: cannot write {path}: {exc.strerror or exc}"
+        ) from None
 
 
 class _CommittedStreamEnd(logging.Filter):

@@ -55,7 +55,9 @@ class GatewayMetrics:
         )
         self.ttft = Histogram(
             "dctl_gateway_ttft_seconds",
-            "From receiving a request to its first response body byte.",
+            "From receiving a request to its first token: in a stream the first event with "
+            "text (a chat stream's opening role-only chunk does not count), else the first "
+            "response body byte.",
             _LABELS,
             buckets=LATENCY_BUCKETS_S,
             registry=r,
@@ -106,6 +108,13 @@ class GatewayMetrics:
             "(accepted; gone: the control plane does not know the deployment; failed: any other "
             "failure, retried).",
             ["deployment", "result"],
+            registry=r,
+        )
+        self.request_log_lines = Counter(
+            "dctl_gateway_request_log_lines",
+            "Lines of the JSONL request log (request_log_file), by outcome: written, or dropped "
+            "(the disk could not keep up, or failed).",
+            ["outcome"],
             registry=r,
         )
         self._series: dict[tuple[str, str, str, str], Series] = {}

@@ -72,13 +72,15 @@ class ForwardRequest:
 
 @dataclass
 class Forwarded:
-    """How a forwarded request ended, for the request's log line."""
+    """How a forwarded request ended, for the request's log line and summary."""
 
     status: int
     pool: VersionPool | None = None
     instance: Instance | None = None
     retries: int = 0
     error: str | None = None
+    ttft_s: float | None = None  # to the first token (a stream), else to the first body byte
+    usage: UsageReader | None = None  # what the engine's usage report said (a 2xx answer)
 
 
 class _Retry(Exception):
@@ -106,6 +108,7 @@ class _Progress:
     instance: Instance | None = None
     retries: int = 0
     ttft_s: float | None = None
+    usage: UsageReader | None = None
 
 
 class Proxy:
@@ -144,8 +147,9 @@ class Proxy:
             if progress.pool is not None:
                 self._finish(progress.pool, gone, None, request, progress.ttft_s, 0)
             return Forwarded(
-                gone, progress.pool, progress.instance, progress.retries, "client left"
-            )
+                gone, progress.pool, progress.instance, progress.retries, "client left",
+                progress.ttft_s, progress.usage,
+            )  # fmt: skip
         finally:
             progress.done = True
             watcher.cancel()
@@ -236,7 +240,7 @@ class Proxy:
         status = exchange.status
         reader: UsageReader | None = None
         if status < 300:
-            reader = UsageReader(event_stream=_is_event_stream(exchange.headers))
+            reader = progress.usage = UsageReader(event_stream=_is_event_stream(exchange.headers))
         headers: Headers = [(k, v) for k, v in exchange.headers if k not in _DROPPED_HEADERS]
         headers += [
             (b"x-dctl-version", pool.version_header),
@@ -247,9 +251,9 @@ class Proxy:
         try:
             await send({"type": "http.response.start", "status": status, "headers": headers})
             if first is not None:
-                progress.ttft_s = self._clock() - request.received_at
                 if reader is not None:
                     first = reader.feed(first)
+                self._first_token(progress, request, reader)
             if exchange.complete:
                 progress.done = True
                 await send({"type": "http.response.body", "body": _ended(first or b"", reader)})
@@ -259,6 +263,8 @@ class Proxy:
                 while (chunk := await exchange.next_chunk()) is not None:
                     if reader is not None:
                         chunk = reader.feed(chunk)
+                        if progress.ttft_s is None:
+                            self._first_token(progress, request, reader)
                     if exchange.complete:  # the last bytes: one write with the body's end
                         break
                     if chunk:
@@ -267,12 +273,15 @@ class Proxy:
                 await send({"type": "http.response.body", "body": _ended(chunk or b"", reader)})
         except UpstreamError as exc:
             # Committed: the client's response ends short (uvicorn closes the connection).
-            if isinstance(exc, ExchangeTimeout):
-                self._finish(pool, 504, "timeout", request, progress.ttft_s, 0)
-                return Forwarded(504, pool, instance, progress.retries, f"mid-stream: {exc}")
-            self._failed(instance)
-            self._finish(pool, 502, "5xx", request, progress.ttft_s, 0)
-            return Forwarded(502, pool, instance, progress.retries, f"mid-stream: {exc}")
+            cut: tuple[int, ErrorClass] = (504, "timeout")
+            if not isinstance(exc, ExchangeTimeout):
+                cut = (502, "5xx")
+                self._failed(instance)
+            self._finish(pool, cut[0], cut[1], request, progress.ttft_s, 0)
+            return Forwarded(
+                cut[0], pool, instance, progress.retries, f"mid-stream: {exc}",
+                progress.ttft_s, reader,
+            )  # fmt: skip
         finally:
             self.balancer.finished(instance)
             exchange.release()
@@ -283,7 +292,17 @@ class Proxy:
             error = "client_4xx"
         tokens = reader.tokens if reader is not None else 0
         self._finish(pool, status, error, request, progress.ttft_s, tokens)
-        return Forwarded(status, pool, instance, progress.retries)
+        return Forwarded(status, pool, instance, progress.retries, None, progress.ttft_s, reader)
+
+    def _first_token(
+        self, progress: _Progress, request: ForwardRequest, reader: UsageReader | None
+    ) -> None:
+        """Note the time to first token: at the first event with text in a stream (a chat
+        stream opens with a role-only chunk), else at the first body bytes."""
+        if progress.ttft_s is None and (
+            reader is None or not reader.event_stream or reader.first_token
+        ):
+            progress.ttft_s = self._clock() - request.received_at
 
     async def _unavailable(
         self, route: Route, order: tuple[VersionPool, ...], request: ForwardRequest, send: Send

@@ -5,6 +5,10 @@ once per change for the hot path: model name -> `Route`, key id -> `ClientGrant`
 request-line bytes ready. A table is immutable: `Routes.install` swaps in a new one with one
 assignment, so a request holds one consistent table from start to end.
 
+`Routes` also remembers the client tokens earlier tables listed and the current one does not
+(`RoutingTable.former_clients`, at most `MAX_FORMER_CLIENTS`), so a revoked token's refusal can
+be counted as such.
+
 `Routes.next_table()` lets a request wait for the next table without polling (one held for a
 deployment scaled to zero, `cold_start`).
 
@@ -17,13 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from protocol.gateway import DeploymentRoute, Pool, RouteClient, RoutePool, RouteTable
 
 log = logging.getLogger("dctl.gateway.routes")
+
+MAX_FORMER_CLIENTS = 4096
 
 
 @dataclass(frozen=True, eq=False)
@@ -106,10 +112,13 @@ class RoutingTable:
     routes: tuple[Route, ...]
     by_model: dict[str, Route]
     clients: dict[str, ClientGrant]
+    # Key id -> grant of tokens earlier tables listed and this one does not (revoked, deleted).
+    former_clients: Mapping[str, ClientGrant] = field(default_factory=dict)
 
     @classmethod
-    def compile(cls, table: RouteTable) -> RoutingTable:
-        """Compile TABLE. A model name two deployments claim goes to the first one listed."""
+    def compile(cls, table: RouteTable, previous: RoutingTable | None = None) -> RoutingTable:
+        """Compile TABLE (PREVIOUS: the table it replaces, whose clients it remembers). A model
+        name two deployments claim goes to the first one listed."""
         routes = tuple(_route(d) for d in table.deployments)
         by_model: dict[str, Route] = {}
         for route in routes:
@@ -123,7 +132,7 @@ class RoutingTable:
                     continue
                 by_model[name] = route
         clients = {c.key_id: _grant(c) for c in table.clients}
-        return cls(table.etag, routes, by_model, clients)
+        return cls(table.etag, routes, by_model, clients, _former(previous, clients))
 
     def models_for(self, grant: ClientGrant) -> list[str]:
         """The model names GRANT may use, sorted."""
@@ -138,6 +147,18 @@ class RoutingTable:
     def instance_ids(self) -> set[int]:
         """Every instance id in the table."""
         return {i.id for route in self.routes for pool in _pools(route) for i in pool.instances}
+
+
+def _former(
+    previous: RoutingTable | None, clients: dict[str, ClientGrant]
+) -> dict[str, ClientGrant]:
+    """The clients PREVIOUS listed or remembered that CLIENTS does not, the latest gone last."""
+    if previous is None:
+        return {}
+    former = {k: g for k, g in previous.former_clients.items() if k not in clients}
+    former.update((k, g) for k, g in previous.clients.items() if k not in clients)
+    excess = len(former) - MAX_FORMER_CLIENTS
+    return dict(list(former.items())[excess:]) if excess > 0 else former
 
 
 def _pools(route: Route) -> Iterable[VersionPool]:
@@ -203,7 +224,7 @@ class Routes:
 
     def install(self, table: RouteTable) -> RoutingTable:
         """Compile TABLE and make it the one in force."""
-        compiled = RoutingTable.compile(table)
+        compiled = RoutingTable.compile(table, self.current)
         self.current = compiled
         if self._on_install is not None:
             self._on_install(compiled)

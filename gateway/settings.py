@@ -92,6 +92,20 @@ class GatewaySettings(FileBackedSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0, description="for in-flight requests")
     log_level: LogLevel = "info"
     log_format: LogFormat = "kv"
+    # The request log: one JSON line per request (`gateway.request_log`), off unless a file is
+    # named. The summaries reach the control plane in the traffic reports either way; the file
+    # is for a log shipper on the host. Off by default because the gateway is stateless: it may
+    # run several times on a host, or in a container with a read-only root.
+    request_log_file: Path | None = Field(default=None, description="JSONL, one line a request")
+    request_log_max_bytes: int = Field(
+        default=100 * 2**20, ge=4096, description="size at which the file is rotated"
+    )
+    request_log_max_files: int = Field(
+        default=5, ge=1, description="files kept: the current one and FILE.1 ... FILE.<n-1>"
+    )
+    # Request summaries in each traffic report: all of them up to this rate, above it a uniform
+    # sample of that many (answers >= 500 always kept); 0: only those.
+    summary_sample_rps: float = Field(default=20.0, ge=0)
 
     @classmethod
     def describe_error(cls, exc: ValidationError) -> str:
@@ -109,7 +123,13 @@ class GatewaySettings(FileBackedSettings):
         return http_url(value)
 
     @field_validator(
-        "routes_file", "token_file", "ca_file", "tls_cert", "tls_key", "engine_ca_file"
+        "routes_file",
+        "token_file",
+        "ca_file",
+        "tls_cert",
+        "tls_key",
+        "engine_ca_file",
+        "request_log_file",
     )
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:

@@ -9,6 +9,10 @@ fixed) it merges them back, so nothing is lost, and memory stays bounded by the 
 
 Output tokens come from the engines' own usage reports, read as answers stream past
 (`gateway.usage.UsageReader`): the gateway never parses an answer whole.
+
+A report also carries what `gateway.summaries.RequestsSeen` kept of single requests and client
+tokens (request summaries, token usage, token refusals), merged back with the windows when the
+post fails.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from datetime import datetime
 from typing import Literal, Protocol
 
 from gateway.pool_share import PoolShares
+from gateway.summaries import RequestsSeen, TakenRequests
 from protocol.gateway import (
     LATENCY_BUCKETS_S,
     Pool,
@@ -156,8 +161,10 @@ class TrafficReporter:
         address: str | None,
         port: int | None,
         interval_s: float,
+        seen: RequestsSeen | None = None,
     ) -> None:
         self.windows = windows
+        self.seen = seen
         self.sink = sink
         self.gateway_id = gateway_id
         self.address = address
@@ -169,7 +176,8 @@ class TrafficReporter:
         """Post what was served since the last report; True when the control plane took it
         (or there was nothing to post)."""
         taken = self.windows.take()
-        if not taken.counts:
+        requests = self.seen.take() if self.seen is not None else None
+        if not taken.counts and not requests:
             return True
         report = TrafficReport(
             gateway=self.gateway_id,
@@ -178,20 +186,24 @@ class TrafficReporter:
             started_at=taken.started_at,
             ended_at=taken.ended_at,
             windows=taken.windows(),
+            requests=requests.requests if requests else [],
+            refusals=requests.refusals if requests else [],
+            usage=requests.usage if requests else [],
         )
         try:
             accepted = await self.sink.report_traffic(report)
         except Exception as exc:  # ClientError, or anything else: the reporter must live on
             status = getattr(exc, "status", None)
             if status is None or status >= 500 or status in _RETRYABLE_STATUSES:
-                self.windows.merge_back(taken)
+                self._merge_back(taken, requests)
                 if not self.failing:
                     log.warning("cannot report traffic (kept for the next report): %s", exc)
                 self.failing = True
             else:
                 log.error(
-                    "traffic report refused, %d windows dropped: %s", len(report.windows), exc
-                )
+                    "traffic report refused, %d windows and %d request summaries dropped: %s",
+                    len(report.windows), len(report.requests), exc,
+                )  # fmt: skip
             return False
         if self.failing:
             log.info("traffic reports accepted again")
@@ -201,6 +213,11 @@ class TrafficReporter:
                 "traffic windows skipped by the control plane: %s", ", ".join(accepted.skipped)
             )
         return True
+
+    def _merge_back(self, taken: TakenWindows, requests: TakenRequests | None) -> None:
+        self.windows.merge_back(taken)
+        if self.seen is not None and requests is not None:
+            self.seen.merge_back(requests)
 
     async def run(self) -> None:
         """Report every INTERVAL_S until cancelled."""

@@ -1,30 +1,38 @@
 """The engine's usage report, read off an answer as it streams past to the client.
 
-Output tokens come from the engines' own usage reports; the gateway never parses an answer
+Token counts come from the engines' own usage reports; the gateway never parses an answer
 whole. A JSON answer carries `usage` in its body, and so does a stream's last chunk when the
 client asked for `stream_options.include_usage`; our engine also ends every stream with a usage
 comment line (`protocol.openai.usage_comment`), asked or not, which `UsageReader` reads and
-takes out, so the client gets the engine's events exactly as it would without it.
+takes out, so the client gets the engine's events exactly as it would without it. Our engine's
+usage of a finished request also says how it was decoded (`usage.dctl`: mean denoising steps
+per block, tokens per forward); another engine's answer simply has no such figures.
+
+In an event stream the reader also notes the first event that carries text (`first_token`):
+time to first token is measured there, not at the first byte (a chat stream opens with a
+role-only chunk at once, before any token exists).
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
 
-from protocol.openai import USAGE_COMMENT_PREFIX, Usage
+from protocol.openai import USAGE_COMMENT_PREFIX
 
-# A usage field; cannot match inside a JSON string (its quotes would be escaped).
-_USAGE_KEY = b'"completion_tokens"'
-_USAGE_RE = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_USAGE_TAIL = 48  # bytes kept between chunks so a match split across two is still found
+# The usage fields read; a key cannot match inside a JSON string (its quotes would be escaped).
+_FIELDS_RE = re.compile(
+    rb'"(prompt_tokens|completion_tokens|steps_per_block|tokens_per_forward)"\s*:\s*'
+    rb"([0-9][0-9.eE+\-]{0,30})"
+)
+_TEXT_RE = re.compile(rb'"(?:content|text)"\s*:\s*"[^"]')  # a non-empty text delta
+_TAIL = 64  # bytes kept between chunks so a match split across two is still found
 _COMMENT_END = b"\n\n"  # the blank line that ends the comment's event
 _MAX_COMMENT_BYTES = 1024  # a usage comment is far shorter: hold back no more than this
 
 
 class UsageReader:
-    """Finds the output tokens in a response body as it streams past: the last report wins
-    (the stream's usage comment, or its usage chunk, comes last).
+    """Finds the usage in a response body as it streams past: the last report of each field
+    wins (the stream's usage comment, or its usage chunk, comes last).
 
     With EVENT_STREAM, `feed` also returns the body without the engine's usage comment; bytes
     that may begin one are held back until the next chunk shows whether they do (only ever a
@@ -32,15 +40,24 @@ class UsageReader:
     """
 
     def __init__(self, *, event_stream: bool) -> None:
-        self.tokens = 0
-        self._event_stream = event_stream
+        self.completion_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.steps_per_block: float | None = None
+        self.tokens_per_forward: float | None = None
+        self.first_token = False  # an event with text went by (event streams only)
+        self.event_stream = event_stream
         self._tail = b""  # the end of what was scanned, for a usage field split across chunks
         self._held = b""  # what may be the start of a usage comment
         self._line_start = True  # the next byte forwarded starts a line
 
+    @property
+    def tokens(self) -> int:
+        """Completion tokens (0 until a usage report said)."""
+        return self.completion_tokens or 0
+
     def feed(self, chunk: bytes) -> bytes:
         """Read the next CHUNK of the body; returns what of it goes on to the client."""
-        if self._event_stream:
+        if self.event_stream:
             chunk = self._without_comments(self._held + chunk if self._held else chunk)
         self._scan(chunk)
         return chunk
@@ -55,13 +72,27 @@ class UsageReader:
         if not data:
             return
         data = self._tail + data if self._tail else data
-        if _USAGE_KEY in data:  # most chunks hold none: a substring test is far cheaper
-            last = None
-            for last in _USAGE_RE.finditer(data):  # noqa: B007 - the last match is the one wanted
-                pass
-            if last is not None:
-                self.tokens = int(last.group(1))
-        self._tail = data[-_USAGE_TAIL:]
+        # Most chunks hold no usage: substring tests are far cheaper than the expressions.
+        if b'_tokens"' in data or b"_per_" in data:
+            self._read_fields(data)
+        if self.event_stream and not self.first_token and _TEXT_RE.search(data):
+            self.first_token = True
+        self._tail = data[-_TAIL:]
+
+    def _read_fields(self, data: bytes) -> None:
+        for match in _FIELDS_RE.finditer(data):
+            name, value = match.group(1), match.group(2)
+            try:
+                if name == b"completion_tokens":
+                    self.completion_tokens = int(value)
+                elif name == b"prompt_tokens":
+                    self.prompt_tokens = int(value)
+                elif name == b"steps_per_block":
+                    self.steps_per_block = float(value)
+                elif name == b"tokens_per_forward":
+                    self.tokens_per_forward = float(value)
+            except ValueError:  # malformed: the field stays what an earlier report said
+                continue
 
     def _without_comments(self, data: bytes) -> bytes:
         self._held = b""
@@ -99,5 +130,4 @@ class UsageReader:
         return -1
 
     def _read_comment(self, payload: bytes) -> None:
-        with contextlib.suppress(ValueError):  # malformed: the count stays what the body said
-            self.tokens = Usage.model_validate_json(payload).completion_tokens
+        self._read_fields(payload)

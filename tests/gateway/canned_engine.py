@@ -5,7 +5,9 @@ What it does is chosen per instance (`mode`: how every request is answered) or p
 `canned` field in the JSON body, which the gateway forwards untouched; the openai client sends
 it as `extra_body`):
 
-    ok (default)  a completion (chat or text, by path) with `usage`; SSE when `stream` is true,
+    ok (default)  a completion (chat or text, by path) with `usage` (and its `dctl` figures, as
+                  our engine reports them); SSE when `stream` is true (a chat stream opens
+                  with a role-only chunk; `first_delay` seconds pass before the first token),
                   with a usage chunk when `stream_options.include_usage`, and always the
                   engine's closing usage comment (`protocol.openai.usage_comment`)
     slow          SSE, `chunks` chunks (default 40) every `delay` seconds (default 0.05); with
@@ -42,10 +44,13 @@ from typing import Any, TypeVar
 
 import httptools
 
-from protocol.openai import Usage, usage_comment
+from protocol.openai import USAGE_COMMENT_PREFIX
 
 T = TypeVar("T")
 COMPLETION_TOKENS = 7
+PROMPT_TOKENS = 2
+# How the engine says it decoded each request (`usage.dctl`, engine.streaming.DiffusionUsage).
+FIGURES = {"steps_per_block": 3.5, "tokens_per_forward": 1.25}
 _FIRST_ATTEMPTS: set[str] = set()  # request ids a `canned_first` answer was given to
 
 
@@ -246,14 +251,21 @@ class _Connection(asyncio.Protocol):
             self.head(200, {"content-type": "text/event-stream", "transfer-encoding": "chunked"})
         )
         events = [_delta(request, f"tok{i} ") for i in range(chunks)]
+        opening = request.path.endswith("/chat/completions")
+        if opening:  # like the engine: a role-only chunk at once, before any token
+            events.insert(0, _delta(request, "", role="assistant"))
         options = request.body.get("stream_options") or {}
         if options.get("include_usage"):
             events.append({**_delta(request, ""), "choices": [], "usage": _usage()})
         frames = [f"data: {json.dumps(event)}\n\n".encode() for event in events]
         # Like the engine: every stream ends with its usage comment, asked or not.
-        frames += [usage_comment(Usage(**_usage())).encode(), b"data: [DONE]\n\n"]
+        comment = USAGE_COMMENT_PREFIX + json.dumps(_usage()).encode() + b"\n\n"
+        frames += [comment, b"data: [DONE]\n\n"]
         die_after = int(request.body.get("die_after", -1))
+        first_delay = float(request.body.get("first_delay", 0))
         for i, data in enumerate(frames):
+            if first_delay and i == int(opening):  # the first token takes its time
+                await asyncio.sleep(first_delay)
             if i == die_after:  # the engine process dies mid-stream
                 self.close()
                 return
@@ -266,8 +278,11 @@ class _Connection(asyncio.Protocol):
         self.write(b"0\r\n\r\n")
 
 
-def _usage() -> dict[str, int]:
-    return {"prompt_tokens": 2, "completion_tokens": COMPLETION_TOKENS, "total_tokens": 9}
+def _usage() -> dict[str, Any]:
+    return {
+        "prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+        "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS, "dctl": FIGURES,
+    }  # fmt: skip
 
 
 def _completion(request: SeenRequest) -> dict[str, Any]:
@@ -281,11 +296,12 @@ def _completion(request: SeenRequest) -> dict[str, Any]:
     return {**base, "object": "text_completion", "choices": [choice]}
 
 
-def _delta(request: SeenRequest, text: str) -> dict[str, Any]:
+def _delta(request: SeenRequest, text: str, role: str | None = None) -> dict[str, Any]:
     model = request.body.get("model", "?")
     base = {"id": "cmpl-canned", "created": int(time.time()), "model": model}
     if request.path.endswith("/chat/completions"):
-        choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        delta = {"role": role, "content": text} if role else {"content": text}
+        choice = {"index": 0, "delta": delta, "finish_reason": None}
         return {**base, "object": "chat.completion.chunk", "choices": [choice]}
     choice = {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
     return {**base, "object": "text_completion", "choices": [choice]}
