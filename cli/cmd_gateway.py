@@ -61,6 +61,24 @@ def gateway(
     max_connections: int | None = typer.Option(
         None, "--max-connections", help="Open client connections, past which 503 [4096]."
     ),
+    request_log_file: Path | None = typer.Option(
+        None,
+        "--request-log-file",
+        help="Write one JSON line per request here (rotated; default: none, the summaries "
+        "still go to the control plane).",
+    ),
+    request_log_max_bytes: int | None = typer.Option(
+        None, "--request-log-max-bytes", help="Rotate the request log past this [100 MiB]."
+    ),
+    request_log_max_files: int | None = typer.Option(
+        None, "--request-log-max-files", help="Request log files kept, the current one too [5]."
+    ),
+    summary_sample_rps: float | None = typer.Option(
+        None,
+        "--summary-sample-rps",
+        help="Request summaries per second reported to the control plane; past it a sample "
+        "(errors always) [20].",
+    ),
     tls_cert: Path | None = typer.Option(
         None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain included)."
     ),
@@ -87,6 +105,10 @@ def gateway(
             idle_timeout_s=idle_timeout_s,
             max_concurrency_per_token=max_concurrency_per_token,
             max_connections=max_connections,
+            request_log_file=request_log_file,
+            request_log_max_bytes=request_log_max_bytes,
+            request_log_max_files=request_log_max_files,
+            summary_sample_rps=summary_sample_rps,
             tls_cert=tls_cert,
             tls_key=tls_key,
         )

@@ -28,8 +28,9 @@ MAX_BATCH_LINES = 2000
 # Bytes of line text one heartbeat carries at most (heartbeat bodies are limited to 1 MiB).
 MAX_BATCH_BYTES = 256 * 1024
 MAX_REQUESTS_PER_REPORT = 1000
-# `x-request-id`: what the gateway and the engine accept and echo (a log-safe alphabet).
-REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:\-]{1,128}$"
+# `x-request-id`: what the gateway and the engine accept and echo (a log-safe alphabet, never
+# starting with `-`, so an id pasted into a command line never reads as an option).
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$"
 
 LogSource = Literal["engine", "agent"]
 # Bounds of every integer a request carries (the store's columns: 32-bit ids, 64-bit counts).

@@ -1,7 +1,8 @@
 """The access audit (`dctl audit`, admin): per client token, what the gateways served and
 refused over a range, and what looks wrong.
 
-Counts are exact (every request, `TokenUse`), not the sampled summaries. A refusal names the
+Counts are exact (every request, `TokenUse`), not the sampled summaries; 429s are the engines'
+(in the usage) and the gateway's own rate and concurrency limits (in its refusals). A refusal names the
 key id the caller presented; the store says what that key is now, so a refusal of a key that
 was revoked reads "revoked" and one past its expiry "expired", whatever the gateway could tell.
 
@@ -67,7 +68,11 @@ def access_audit(session: Session, now: datetime, since: datetime | None = None)
             known = tokens.get(row.key_id)
             name = known.name if known else row.token or _unknown(row.key_id)
             tally = tallies[name]
-            tally.refused[_reason(row.reason, known, row.ended_at)] += row.refused
+            reason = _reason(row.reason, known, row.ended_at)
+            if reason == "rate_limited":
+                tally.rate_limited += row.refused  # the gateway's own 429s
+            else:
+                tally.refused[reason] += row.refused
             tally.seen(row.started_at, row.ended_at)
             continue
         if not row.token:

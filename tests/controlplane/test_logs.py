@@ -142,14 +142,16 @@ def test_the_audit_counts_every_request_and_says_what_a_refused_key_is(api: Api)
     usage = [{"token": "app", "deployment": "web", "requests": 1000, "errors": 400,
               "rate_limited": 7}]  # fmt: skip
     refusals = [{"key_id": key_id, "reason": "unknown", "count": 12},
-                {"key_id": "zzzz", "reason": "unknown", "count": 3}]  # fmt: skip
+                {"key_id": "zzzz", "reason": "unknown", "count": 3},
+                {"token": "app", "reason": "rate_limited", "count": 5}]  # fmt: skip
     traffic(api, gateway, -60, usage=usage, refusals=refusals)
     response = api.as_admin("GET", f"{V}/audit")
     assert response.status_code == 200, response.text
     report = AuditReport.model_validate(response.json())
     by_name = {t.token: t for t in report.tokens}
     app = by_name["app"]
-    assert (app.requests, app.errors, app.rate_limited) == (1600, 406, 7)
+    assert (app.requests, app.errors, app.rate_limited) == (1600, 406, 7 + 5)
+    assert app.refused == {}
     assert app.deployments == ["web"]
     assert any("request rate jumped" in a for a in app.anomalies)
     assert any("error share jumped" in a for a in app.anomalies)

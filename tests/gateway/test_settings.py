@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,14 @@ def test_the_routes_file_is_json_or_yaml_and_its_errors_are_named(
     as_json.write_text("{not json")
     with pytest.raises(SettingsError, match=r"routes_file .* cannot read"):
         GatewaySettings(routes_file=as_json).read_routes_file()
+
+
+def test_the_request_log_flags_reach_the_settings_and_are_checked(routes: Path) -> None:
+    # `dctl gateway --request-log-max-files 0`: refused before anything starts, naming the flag.
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "gateway", "--routes-file", str(routes),
+         "--request-log-max-files", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "request_log_max_files (--request-log-max-files" in result.stderr
