@@ -2,9 +2,10 @@
 refused over a range, and what looks wrong.
 
 Counts are exact (every request, `TokenUse`), not the sampled summaries; 429s are the engines'
-(in the usage) and the gateway's own rate and concurrency limits (in its refusals). A refusal names the
-key id the caller presented; the store says what that key is now, so a refusal of a key that
-was revoked reads "revoked" and one past its expiry "expired", whatever the gateway could tell.
+(in the usage) and the gateway's own rate and concurrency limits (in its refusals). A refusal
+names the key id the caller presented; the store says what that key is now, so a refusal of a
+key that was revoked reads "revoked" and one past its expiry "expired", whatever the gateway
+could tell.
 
 Anomalies, per token:
 - its requests in the last day are over `RATE_JUMP` times its daily mean before (and at least
