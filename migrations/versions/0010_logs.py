@@ -33,9 +33,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["deployment_id"], ["deployment.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
     )
-    op.create_index("ix_logline_host_id", "logline", ["host_id"])
     op.create_index("ix_logline_time", "logline", ["time"])
-    op.create_index("ix_logline_request_id", "logline", ["request_id"])
     op.create_index("ix_logline_deployment_time", "logline", ["deployment_id", "time"])
     op.create_index("ix_logline_instance", "logline", ["instance_id", "id"])
     op.create_table(
