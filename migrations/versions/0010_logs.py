@@ -60,9 +60,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_requestrecord_request_id", "requestrecord", ["request_id"])
     op.create_index("ix_requestrecord_time", "requestrecord", ["time"])
-    op.create_index(
-        "ix_requestrecord_deployment_time", "requestrecord", ["deployment_id", "time"]
-    )
+    op.create_index("ix_requestrecord_deployment_time", "requestrecord", ["deployment_id", "time"])
     op.create_table(
         "tokenuse",
         sa.Column("id", sa.Integer(), nullable=False),
