@@ -35,9 +35,11 @@ def body(dep: DeploymentOut) -> dict[str, object]:
     return dep.model_dump(mode="json")
 
 
-def busy_web(now: datetime = NOW) -> DeploymentOut:
+def busy_web(now: datetime | None = None) -> DeploymentOut:
     """`web` autoscaled 1..8 wanting 3 serving and 1 standby, pinned and starved, with a
-    standby and a retiring instance beside three serving ones."""
+    standby and a retiring instance beside three serving ones; its times are before NOW
+    (default: the moment it is called, so "2m ago" holds however late a slow run gets here)."""
+    now = now or datetime.now(UTC)
     instances = [
         instance(1, requests_running=3, requests_waiting=5),
         instance(2, requests_running=4, requests_waiting=6),

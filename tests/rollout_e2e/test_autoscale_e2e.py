@@ -20,6 +20,7 @@ from client.http import ControlPlaneClient
 from protocol.autoscale import AutoscalePolicy
 from protocol.rest import DeploymentOut
 from protocol.rollout_policy import RolloutPolicy
+from protocol.rollout_states import RolloutState
 from protocol.rollouts import RolloutCreate
 from tests.agent_e2e.conftest import Stack, boot_stack, free_range, wait_for
 from tests.rollout_e2e.conftest import BASE_CONFIG, RolloutFleet, serving_fleet
@@ -184,12 +185,19 @@ def test_a_rollout_keeps_its_weight_and_share_while_a_burst_scales_up(fleet: Rol
     wait_for("the canary at 50%", lambda: show(ro).canary_weight == 50, 240)
     ups = len(decisions(ro, "up"))
     clients.start(8)
-    wait_for("a scale-up", lambda: len(decisions(ro, "up")) > ups, 60)
+    # Both instances must report their queue first; on a loaded machine that takes a while.
+    try:
+        wait_for("a scale-up", lambda: len(decisions(ro, "up")) > ups, 180)
+    except AssertionError as exc:
+        now = show(ro)
+        loads = [(i.id, i.version, i.observed_state, i.requests_running, i.requests_waiting)
+                 for i in now.instances]  # fmt: skip
+        raise AssertionError(f"{exc}: status {now.autoscale_status}, instances {loads}") from None
     wait_for("3 serving instances ready", lambda: len(serving_ready(ro)) == 3, 240)
     statuses = clients.stop()
     out = show(ro)
     rollout = ro.api.get_rollout("demo")
-    assert (out.canary_weight, rollout.state.value) == (50, "progressing"), rollout.message
+    assert (out.canary_weight, rollout.state) == (50, RolloutState.PROGRESSING), rollout.message
     serving = [i for i in out.instances if not i.standby and not i.retiring]
     # 50% of 3 is two canary instances: the step's share, not the one it started with.
     assert sorted(i.version for i in serving) == ["v1", "v2", "v2"]
