@@ -112,8 +112,10 @@ def _viewer_answers(stack: Stack, rollout: int) -> dict[str, str]:
             for name in names:
                 values = {**PATH_VALUES, "name": name, "rollout_id": str(rollout)}
                 path = re.sub(r"{(\w+)(:\w+)?}", lambda m, v=values: v[m.group(1)], template)
+                # A followed log is a stream: one second of it (its lines so far come first).
+                query = {"max_s": 1, "after": 0} if template.endswith("/logs/follow") else None
                 if path not in answers:
-                    answers[path] = http.get(path).text
+                    answers[path] = http.get(path, params=query).text
     assert any(p.startswith("/api/v1/deployments") for p in answers)
     assert any(p.startswith(f"/api/v1/hosts/{HOST}") for p in answers)
     return answers
