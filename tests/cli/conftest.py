@@ -17,6 +17,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from tests.cli.canned_api import CannedApi
+
 DCTL = [sys.executable, "-m", "cli"]
 
 
@@ -168,3 +170,28 @@ def run_dctl(
 ) -> subprocess.CompletedProcess[str]:
     """`dctl ARGS` as a real subprocess (for exit codes and output exactly as a shell sees)."""
     return subprocess.run([*DCTL, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# --- `dctl` against a loopback control plane with canned answers (tests.cli.canned_api) -------
+
+
+@pytest.fixture
+def canned() -> Iterator[CannedApi]:
+    """A loopback control plane answering what each test tells it to."""
+    api = CannedApi()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def run(tmp_path: Path, canned: CannedApi) -> Dctl:
+    """`dctl` pointed at the canned API with no credentials file of its own."""
+    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": canned.url, "DCTL_TOKEN": "t"})
+
+
+@pytest.fixture
+def offline(tmp_path: Path) -> Dctl:
+    """`dctl` with nowhere to connect: for what must fail before any request."""
+    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": "http://127.0.0.1:9"})

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -59,27 +57,6 @@ def busy_web(now: datetime | None = None) -> DeploymentOut:
         pinned_at_max_since=now - timedelta(minutes=12),
         starved_since=now - timedelta(minutes=4), starved_reason="no free GPU on gpu-1",
     )  # fmt: skip
-
-
-@pytest.fixture
-def canned() -> Iterator[CannedApi]:
-    api = CannedApi()
-    try:
-        yield api
-    finally:
-        api.close()
-
-
-@pytest.fixture
-def run(tmp_path: Path, canned: CannedApi) -> Dctl:
-    """`dctl` pointed at the canned API."""
-    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": canned.url, "DCTL_TOKEN": "t"})
-
-
-@pytest.fixture
-def offline(tmp_path: Path) -> Dctl:
-    """`dctl` with nowhere to connect: for what must fail before any request."""
-    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": "http://127.0.0.1:9"})
 
 
 def error(result: Result, code: int) -> str:

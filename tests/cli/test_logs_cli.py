@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -63,21 +62,6 @@ def summary(request_id: str = "r-1", **fields: Any) -> dict[str, Any]:
     }  # fmt: skip
     values.update(fields)
     return RequestOut.model_validate(values).model_dump(mode="json")
-
-
-@pytest.fixture
-def canned() -> Iterator[CannedApi]:
-    api = CannedApi()
-    try:
-        yield api
-    finally:
-        api.close()
-
-
-@pytest.fixture
-def run(tmp_path: Path, canned: CannedApi) -> Dctl:
-    """`dctl` pointed at the canned API."""
-    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": canned.url, "DCTL_TOKEN": "t"})
 
 
 def since_of(query: dict[str, list[str]]) -> datetime:

@@ -8,7 +8,6 @@ records (the control plane's side is tested in tests/controlplane), and once to 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,26 +100,10 @@ def instance(id: int, host: str, version: str, pool: str, ready: bool = True) ->
 # --- a loopback control plane with canned answers -----------------------------------------------
 
 
-@pytest.fixture
-def canned(monkeypatch: pytest.MonkeyPatch) -> Iterator[CannedApi]:
-    api = CannedApi()
-    monkeypatch.setattr(cmd_rollout, "POLL_S", 0.0)  # the waits' period; the tests never sleep
-    try:
-        yield api
-    finally:
-        api.close()
-
-
-@pytest.fixture
-def run(tmp_path: Path, canned: CannedApi) -> Dctl:
-    """`dctl` pointed at the canned API with no credentials file of its own."""
-    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": canned.url, "DCTL_TOKEN": "t"})
-
-
-@pytest.fixture
-def offline(tmp_path: Path) -> Dctl:
-    """`dctl` with nowhere to connect: for what must fail before any request."""
-    return Dctl({"XDG_CONFIG_HOME": str(tmp_path), "DCTL_URL": "http://127.0.0.1:9"})
+@pytest.fixture(autouse=True)
+def no_poll_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The waits' period (POLL_S) 0: the tests never sleep."""
+    monkeypatch.setattr(cmd_rollout, "POLL_S", 0.0)
 
 
 def error(result: Result, code: int) -> str:
