@@ -23,8 +23,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from client.errors import ClientError
 from gateway import Gateway, GatewaySettings, build_gateway
 from gateway.main import server_options
+from protocol.gateway import TrafficAccepted, TrafficReport
 from tests.gateway.canned_engine import CannedEngine, LoopThread, refused_port
 from tests.uvicorn_thread import serve_in_thread
 
@@ -202,3 +204,17 @@ def strict(fleet: Fleet) -> Iterator[LiveGateway]:
     )  # fmt: skip
     with served(settings, fleet) as live:
         yield live
+
+
+class Sink:
+    """Stands in for the control plane's `POST /api/v1/traffic`: keeps reports, or fails."""
+
+    def __init__(self) -> None:
+        self.reports: list[TrafficReport] = []
+        self.fail_with: ClientError | None = None
+
+    async def report_traffic(self, report: TrafficReport) -> TrafficAccepted:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.reports.append(report)
+        return TrafficAccepted(accepted=len(report.windows))

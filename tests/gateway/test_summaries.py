@@ -13,9 +13,10 @@ from client.errors import ClientError
 from gateway.errors import Refusal
 from gateway.summaries import MAX_REFUSALS, RequestsSeen
 from gateway.traffic import TrafficReporter, TrafficWindows
-from protocol.gateway import TrafficAccepted, TrafficReport
+from protocol.gateway import TrafficReport
 from protocol.logs import MAX_REQUESTS_PER_REPORT, RequestSummary, TokenUsage
 from tests.clock import START, FakeClock
+from tests.gateway.conftest import Sink
 
 
 def summary(
@@ -107,20 +108,6 @@ def test_refusals_are_counted_per_token_and_reason_within_the_reports_bound() ->
     assert sum(r.count for r in refusals) == 3000
     assert any(r.key_id == "" and r.count > 1 for r in refusals)  # the rest, by reason alone
     TrafficReport(gateway="gw", started_at=START, ended_at=START, refusals=refusals)  # fits
-
-
-class Sink:
-    """Stands in for the control plane's `POST /api/v1/traffic`: keeps reports, or fails."""
-
-    def __init__(self) -> None:
-        self.reports: list[TrafficReport] = []
-        self.fail_with: ClientError | None = None
-
-    async def report_traffic(self, report: TrafficReport) -> TrafficAccepted:
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.reports.append(report)
-        return TrafficAccepted(accepted=len(report.windows))
 
 
 def test_the_report_carries_requests_refusals_and_usage_and_keeps_them_when_it_fails() -> None:

@@ -15,25 +15,12 @@ from gateway.traffic import (
     WindowKey,
     bucket_index,
 )
-from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S, TrafficAccepted, TrafficReport
+from protocol.gateway import BUCKET_COUNT, LATENCY_BUCKETS_S
 from tests.clock import FakeClock
+from tests.gateway.conftest import Sink
 
 KEY: WindowKey = ("chat", 1, "stable")
 CANARY: WindowKey = ("chat", 2, "canary")
-
-
-class Sink:
-    """Stands in for the control plane's `POST /api/v1/traffic`: keeps reports, or fails."""
-
-    def __init__(self) -> None:
-        self.reports: list[TrafficReport] = []
-        self.fail_with: ClientError | None = None
-
-    async def report_traffic(self, report: TrafficReport) -> TrafficAccepted:
-        if self.fail_with is not None:
-            raise self.fail_with
-        self.reports.append(report)
-        return TrafficAccepted(accepted=len(report.windows))
 
 
 def test_bucket_bounds_are_inclusive_and_the_last_bucket_takes_the_rest() -> None:
