@@ -152,8 +152,10 @@ def test_scale_down_under_a_trickle_then_a_burst_then_zero_and_awake(fleet: Roll
     wait_for("the standby in the routes", lambda: spare in routed(ro), 10)
     promoted = time.time() - decided
     took = decided - burst_at
-    # up-after (2 s) plus the engines' next report and a controller round.
-    assert took < POLICY.up_after_s + 6, f"scale-up decided {took:.1f}s after the burst"
+    # Within up-after and one instance start (the tiny model loads in ~7 s here): up-after (2 s)
+    # plus the engines' next report and a controller round is ~3 s on an idle machine; the
+    # margin is for the other stacks a parallel test run starts beside this one.
+    assert took < POLICY.up_after_s + 15, f"scale-up decided {took:.1f}s after the burst"
     assert promoted < 2.0, f"standby routed {promoted:.1f}s after the decision"
     wait_for("3 serving instances ready", lambda: len(serving_ready(ro)) == 3, 240)
     statuses = clients.stop()
