@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -35,6 +35,8 @@ _GPU_LIST = TypeAdapter(list[GpuStatus])
 # The gauges the autoscaler reads (the agent maps other engines' names onto these).
 RUNNING_GAUGE = "dllm_requests_running"
 WAITING_GAUGE = "dllm_requests_waiting"
+# How long an instance's last reported load stands in for a heartbeat that has none for it.
+LOAD_HOLD = timedelta(seconds=15)
 # Larger is no engine's real count; the column is a 32-bit integer.
 MAX_REQUESTS = 2**31 - 1
 
@@ -131,6 +133,8 @@ class HostMemory:
     desired_generation: int = -1
     desired_json: bytes = b"[]"
     keep_digests: list[str] = field(default_factory=list)
+    # Each instance's last reported load and when (`ObservedStateWriter._load`).
+    load: dict[int, tuple[tuple[int | None, int | None], datetime]] = field(default_factory=dict)
     # The host's instances' deployments, for its shipped log lines (`controlplane.logs`).
     log_deployments: dict[int, int | None] = field(default_factory=dict)
     prefetch: list[ModelVersionRef] = field(default_factory=list)
@@ -303,6 +307,23 @@ class ObservedStateWriter:
             )
         return True
 
+    @staticmethod
+    def _load(
+        memory: HostMemory, instance_id: int, gauges: dict[str, float] | None, now: datetime
+    ) -> tuple[int | None, int | None]:
+        """An instance's running and waiting requests: as this heartbeat reports them, else as
+        the last one did within `LOAD_HOLD` (an agent's scrape of a busy engine may time out:
+        that is no reason to read its queue as empty), else unknown."""
+        if gauges is not None:
+            load = (_count(gauges.get(RUNNING_GAUGE)), _count(gauges.get(WAITING_GAUGE)))
+            memory.load[instance_id] = (load, now)
+            return load
+        held = memory.load.get(instance_id)
+        if held is not None and now - held[1] <= LOAD_HOLD:
+            return held[0]
+        memory.load.pop(instance_id, None)
+        return (None, None)
+
     def _instances(
         self,
         conn: Connection,
@@ -312,6 +333,8 @@ class ObservedStateWriter:
         memory: HostMemory,
         now: datetime,
     ) -> None:
+        if len(memory.load) > MAX_REMEMBERED_INSTANCES:
+            memory.load.clear()
         if len(memory.observed) > MAX_REMEMBERED_INSTANCES:
             # The ids are the agent's to report (other hosts' are ignored by the UPDATE, but
             # remembered here): start over rather than keep every id it ever sent.
@@ -320,7 +343,7 @@ class ObservedStateWriter:
         # The engines' load, the autoscaler's signal: written with the rest when it changes.
         gauges = {m.instance_id: m.gauges for m in beat.metrics}
         for inst in beat.instances:
-            load = gauges.get(inst.instance_id, {})
+            load = self._load(memory, inst.instance_id, gauges.get(inst.instance_id), now)
             observed = (
                 inst.state.value,
                 inst.pid,
@@ -328,8 +351,8 @@ class ObservedStateWriter:
                 inst.last_exit.model_dump(mode="json") if inst.last_exit else None,
                 inst.version_digest,
                 inst.message,
-                _count(load.get(RUNNING_GAUGE)),
-                _count(load.get(WAITING_GAUGE)),
+                load[0],
+                load[1],
             )
             if memory.observed.get(inst.instance_id) == observed:
                 continue

@@ -223,3 +223,19 @@ def test_a_scale_up_that_does_not_fit_is_an_event_and_a_starved_status(api: Api)
     tick(api, 10)
     status = show(api).autoscale_status
     assert status is not None and status.placed == 4 and status.starved_since is None
+
+
+def test_a_heartbeat_without_an_engines_figures_keeps_its_last_load_a_while(api: Api) -> None:
+    # An agent's scrape of a busy engine can time out: its queue is not read as empty then.
+    agent = serving_fleet(api, per_host=1)
+    load_beat(api, agent, running=2, waiting=9)
+    desired = beat(api, agent, advertise_address=ADDRESS)["instances"]
+    observed = [{"instance_id": i["instance_id"], "state": "ready", "port": i["port"],
+                 "version_digest": i["model"]["digest"]} for i in desired]  # fmt: skip
+    beat(api, agent, instances=observed, advertise_address=ADDRESS)  # no metrics at all
+    [inst] = show(api).instances
+    assert (inst.requests_running, inst.requests_waiting) == (2, 9)
+    api.clock.advance(16)
+    beat(api, agent, instances=observed, advertise_address=ADDRESS)
+    [inst] = show(api).instances
+    assert (inst.requests_running, inst.requests_waiting) == (None, None)  # too old to stand
