@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -218,3 +219,11 @@ class Sink:
             raise self.fail_with
         self.reports.append(report)
         return TrafficAccepted(accepted=len(report.windows))
+
+
+def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait for CHECK to hold, failing the test past TIMEOUT_S."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)

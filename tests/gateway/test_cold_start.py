@@ -12,7 +12,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -25,7 +25,7 @@ from client.http import AsyncControlPlaneClient
 from gateway import GatewaySettings
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from tests.gateway.canned_engine import CannedEngine
-from tests.gateway.conftest import Fleet, LiveGateway, served
+from tests.gateway.conftest import Fleet, LiveGateway, served, until
 
 INSTANCE_ID = 100
 
@@ -100,15 +100,8 @@ def cold_gateway(
         routes_poll_s=0.02, rate_limit_rps=0, **settings,
     )  # fmt: skip
     with served(options, fleet, control_plane=link) as live:
-        _until(lambda: live.http.get("/health/ready").status_code == 200)
+        until(lambda: live.http.get("/health/ready").status_code == 200)
         yield live, link
-
-
-def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def _waiting(live: LiveGateway, name: str) -> float:
@@ -133,7 +126,7 @@ def test_held_requests_are_forwarded_once_an_instance_is_ready(
         assert live.http.get("/health").status_code == 200
         with ThreadPoolExecutor(3) as pool:
             answers = [pool.submit(live.post, "sleepy-model") for _ in range(3)]
-            _until(lambda: _waiting(live, "sleepy") == 3 and bool(link.wakes))
+            until(lambda: _waiting(live, "sleepy") == 3 and bool(link.wakes))
             assert link.wakes == ["sleepy"], "one wake call for every request held"
             time.sleep(0.2)  # polls come and go; the requests wait on
             assert not any(a.done() for a in answers)
@@ -208,8 +201,8 @@ def test_a_client_that_leaves_stops_waiting(fleet: Fleet) -> None:
         assert url.port is not None
         with socket.create_connection((url.host, url.port)) as client:
             client.sendall(head.encode() + body)
-            _until(lambda: _waiting(live, "sleepy") == 1)
-        _until(lambda: _waiting(live, "sleepy") == 0)  # long before its 30 s
+            until(lambda: _waiting(live, "sleepy") == 1)
+        until(lambda: _waiting(live, "sleepy") == 0)  # long before its 30 s
         metrics = live.metrics()
         assert metrics["dctl_gateway_inflight{}"] == 0
         assert _waits(live, "sleepy", "client_left") == 1
@@ -223,13 +216,13 @@ def test_held_requests_keep_their_in_flight_slots(fleet: Fleet) -> None:
         ThreadPoolExecutor(2) as pool,
     ):
         capped = pool.submit(live.post, "sleepy-model", "capped")
-        _until(lambda: _waiting(live, "sleepy") == 1)
+        until(lambda: _waiting(live, "sleepy") == 1)
         # The token's one slot is held while it waits ...
         over = live.post("sleepy-model", "capped")
         assert over.status_code == 429
         assert over.json()["error"]["code"] == "concurrency_limit_exceeded"
         other = pool.submit(live.post, "sleepy-model", "full")
-        _until(lambda: _waiting(live, "sleepy") == 2)
+        until(lambda: _waiting(live, "sleepy") == 2)
         # ... and so is the gateway's: two held requests fill max_inflight.
         full = live.post("sleepy-model", "full")
         assert full.status_code == 503 and full.json()["error"]["code"] == "overloaded"
@@ -247,7 +240,7 @@ def test_failed_wake_calls_are_retried_without_failing_the_request(
             ThreadPoolExecutor(1) as pool,
         ):
             answer = pool.submit(live.post, "sleepy-model")
-            _until(lambda: _wake_calls(live, "sleepy", "accepted") >= 1)
+            until(lambda: _wake_calls(live, "sleepy", "accepted") >= 1)
             assert not answer.done()
             link.set(deployment("sleepy", 5.0, engine))
             assert answer.result(5).status_code == 200
@@ -265,7 +258,7 @@ def test_a_deployment_removed_while_requests_wait_ends_their_wait(fleet: Fleet) 
         link.gone = True
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(live.post, "sleepy-model")
-            _until(lambda: _wake_calls(live, "sleepy", "gone") >= 1)
+            until(lambda: _wake_calls(live, "sleepy", "gone") >= 1)
             link.set(deployment("other", None))
             gone = answer.result(5)
         assert gone.status_code == 404

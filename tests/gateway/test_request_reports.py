@@ -19,7 +19,7 @@ from gateway.errors import ClientTokenRefused, Refusal
 from gateway.routes import MAX_FORMER_CLIENTS, ClientGrant, Routes
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from protocol.logs import TokenUsage
-from tests.gateway.conftest import Fleet, LiveGateway, mint_token, served
+from tests.gateway.conftest import Fleet, LiveGateway, mint_token, served, until
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 
@@ -131,15 +131,8 @@ def reporting(fleet: Fleet) -> Iterator[tuple[LiveGateway, ReportedControlPlane]
         rate_limit_burst=5,
     )  # fmt: skip
     with served(settings, fleet, control_plane=link) as live:
-        _until(lambda: live.http.get("/health/ready").status_code == 200)
+        until(lambda: live.http.get("/health/ready").status_code == 200)
         yield live, link
-
-
-def _until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def test_reports_carry_summaries_token_usage_and_refusals(
@@ -155,7 +148,7 @@ def test_reports_carry_summaries_token_usage_and_refusals(
     answers = [live.post("solo-model", token="many").status_code for _ in range(6)]
     assert answers == [200] * 5 + [429]  # bursts of 5
     link.without("pinner")
-    _until(lambda: live.gateway.routes.current is not None
+    until(lambda: live.gateway.routes.current is not None
            and live.gateway.routes.current.etag == "pinner")  # fmt: skip
     assert live.post("solo-model", token="pinner").status_code == 401
 
@@ -166,7 +159,7 @@ def test_reports_carry_summaries_token_usage_and_refusals(
             refused[r.token, r.reason] = refused.get((r.token, r.reason), 0) + r.count
         return summaries, refused, [u for r in link.reports for u in r.usage]
 
-    _until(lambda: reported()[1].get(("pinner", "revoked")) == 1)
+    until(lambda: reported()[1].get(("pinner", "revoked")) == 1)
     summaries, refused, usage = reported()
     by_id = {s.request_id: s for s in summaries}
     assert (by_id["rep-ok"].status, by_id["rep-ok"].token, by_id["rep-ok"].deployment) == (

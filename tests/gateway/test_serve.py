@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from gateway import GatewaySettings
 from protocol.gateway import RouteTable, TrafficAccepted, TrafficReport
 from protocol.monitoring import GatewayHeartbeat, GatewayOut
 from tests.gateway.canned_engine import refused_port
-from tests.gateway.conftest import VERSION_IDS, Fleet, served
+from tests.gateway.conftest import VERSION_IDS, Fleet, served, until
 
 ROOT = Path(__file__).resolve().parents[2]
 _RUN = (
@@ -134,13 +133,6 @@ class ControlPlane:
         self.closed = True
 
 
-def _until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
-
-
 def _served_requests(reports: list[TrafficReport], deployment: str) -> int:
     return sum(w.requests for r in reports for w in r.windows if w.deployment == deployment)
 
@@ -156,10 +148,10 @@ def test_routes_come_from_the_control_plane_and_traffic_goes_back(fleet: Fleet) 
         assert live.http.get("/health/ready").status_code == 503
         assert live.post("solo-model").json()["error"]["code"] == "not_ready"
         link.table = RouteTable.model_validate_json(fleet.routes_file.read_text())
-        _until(lambda: live.http.get("/health/ready").status_code == 200)
+        until(lambda: live.http.get("/health/ready").status_code == 200)
         for _ in range(3):
             assert live.post("solo-model").status_code == 200
-        _until(lambda: _served_requests(link.reports, "solo") == 3)
+        until(lambda: _served_requests(link.reports, "solo") == 3)
         report = link.reports[-1]
         assert report.port == 18800 and report.address == "127.0.0.1"
         # Windows go back by the version id the routing table gave the pool.
@@ -178,7 +170,7 @@ def test_routes_come_from_the_control_plane_and_traffic_goes_back(fleet: Fleet) 
         time.sleep(0.5)
         sent_before = len(link.reports)
         link.down = False
-        _until(lambda: _served_requests(link.reports, "solo") == 5)
+        until(lambda: _served_requests(link.reports, "solo") == 5)
         assert len(link.reports) == sent_before + 1, "the outage's windows came in one report"
 
         assert live.post("solo-model").status_code == 200  # reported on the way out
