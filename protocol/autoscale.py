@@ -62,6 +62,11 @@ class AutoscalePolicy(BaseModel):
         description="with min 0: how long the gateway holds a request while an instance starts",
     )
 
+    def standby_beside(self, replicas: int) -> int:
+        """Standby instances kept beside REPLICAS serving ones: none for a deployment scaled to
+        zero (it releases every GPU), else `standby`."""
+        return self.standby if replicas > 0 else 0
+
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalePolicy:
         if self.min > self.max:

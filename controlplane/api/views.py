@@ -239,7 +239,7 @@ def autoscale_status(
     state = deployment.autoscale_state
     return AutoscaleStatus(
         replicas=replicas,
-        standby=policy.standby if replicas > 0 else 0,
+        standby=policy.standby_beside(replicas),
         serving_ready=len(ready),
         standby_ready=sum(1 for i in live if i.standby and i.observed_state == "ready"),
         placed=len(live),

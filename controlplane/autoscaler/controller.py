@@ -135,7 +135,7 @@ def wanted_total(deployment: Deployment) -> int:
     """Serving plus standby instances the deployment wants (standby only beside serving)."""
     replicas = deployment.replicas or 0
     policy = deployment.autoscale
-    return replicas + (policy.standby if policy is not None and replicas > 0 else 0)
+    return replicas + (policy.standby_beside(replicas) if policy is not None else 0)
 
 
 def _starved(

@@ -268,9 +268,8 @@ def deployment_view(
     total = None
     standby = 0
     if deployment.replicas is not None:
-        # Standby instances only beside serving ones: a deployment scaled to zero runs none.
         policy = deployment.autoscale
-        standby = policy.standby if policy is not None and deployment.replicas > 0 else 0
+        standby = policy.standby_beside(deployment.replicas) if policy is not None else 0
         total = deployment.replicas + standby
     return DeploymentView(
         id=deployment.id,
