@@ -2,7 +2,8 @@
 
 Reproducible: the text is pinned by digest (see `corpus`), every random choice comes from
 `--seed`, and torch runs deterministic CPU kernels on a fixed number of threads. The defaults
-take about 55 minutes on an otherwise idle 2-core AVX2 CPU. The output directory is a complete
+(an autoregressive phase, self-distillation, a block-diffusion phase: see `Recipe`) take about
+80 minutes on a 2-core CPU. The output directory is a complete
 checkpoint (bf16 safetensors, config, tokenizer with the Qwen3 chat template, generation config)
 plus `training.json` (the figures measured here), the held-out text and the corpus's word list;
 the model card (`README.md`) is written from those figures.
@@ -16,8 +17,10 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ from engine.training.corpus import (
     load_bible,
     split,
 )
+from engine.training.distill import distill_prompts, teacher_token_stream
 from engine.training.export import hf_state_dict
 from engine.training.objective import block_diffusion_loss, corrupt, masked_logits
 
@@ -61,12 +65,12 @@ SHAPE = DemoShape(
     max_positions=4096,
     dtype="bfloat16",
 )
-# Every step trains one block size, in turn: the model decodes well at each size `dctl tune`
-# sweeps, not only at the default.
+# Every diffusion step trains one block size, in turn: the model decodes well at each size
+# `dctl tune` sweeps, not only at the default.
 BLOCK_SIZES = (4, 8, 16, 32)
-# The first `ar_share` of the steps train block size 1: autoregressive next-token prediction in
-# the same [noisy | clean] formulation (BD3-LM: B = 1 is AR), so no head or position shift has
-# to be unlearned afterwards. It is SDAR's recipe (an AR model converted to block diffusion by
+# The autoregressive phase trains block size 1: next-token prediction in the same
+# [noisy | clean] formulation (BD3-LM: B = 1 is AR), so no head or position shift has to be
+# unlearned afterwards. It is SDAR's recipe (an AR model converted to block diffusion by
 # continued training), and every position is a target: twice the signal per forward of the
 # uniform masks, all of it on the left-to-right prediction threshold decoding leans on.
 AR_BLOCK = 1
@@ -75,24 +79,27 @@ BALANCE_WEIGHT = 0.01
 
 @dataclass(frozen=True)
 class Recipe:
-    """The training run's settings (recorded in the model card)."""
+    """The training run's settings (recorded in the model card). The defaults reproduce the
+    shipped model: an autoregressive phase, the teacher's greedy text (`distill`), then the
+    block-diffusion conversion on real and distilled text."""
 
     seed: int = 0
-    steps: int = 1000
+    ar_steps: int = 1200  # phase 1: block size 1
+    steps: int = 800  # phase 2: block diffusion, BLOCK_SIZES in turn
     batch: int = 16
     seq_len: int = 256
-    peak_lr: float = 3e-3
+    peak_lr: float = 3e-3  # phase 1's peak; each phase warms up and decays on its own
+    diffusion_lr: float = 1.5e-3  # phase 2's peak: a conversion, not a new start
     warmup: int = 50
     weight_decay: float = 0.1
     threads: int = 2
     eval_windows: int = 64
-    # The defaults reproduce the shipped model. The three knobs below are the experiments
-    # toward a model confident enough for parallel unmasking (see the model card):
-    ar_share: float = 0.0  # share of the steps at block size 1 (AR), first
-    suffix_share: float = 0.0  # share of diffusion blocks masked as a suffix (see `corrupt`)
-    # The books trained on (None: the whole Bible). An hour of two CPU cores sees ~4-7M tokens:
-    # over the whole text (1.4M) that is a few passes and leaves the model unsure of every word;
-    # fewer books are seen more often.
+    # Teacher prompts decoded after phase 1 (0: no distillation) and the tokens each may add.
+    distill_prompts: int = 3072
+    distill_tokens: int = 96
+    distill_share: float = 0.5  # share of phase 2's windows taken from the teacher's text
+    suffix_share: float = 0.5  # share of diffusion blocks masked as a suffix (see `corrupt`)
+    # The books trained on (None: the whole Bible).
     books: tuple[str, ...] | None = None
     # "cpu" (the shipped recipe) or "cuda". CUDA kernels are deterministic where torch has a
     # deterministic version (the others warn), so a GPU run repeats on the same GPU and torch,
@@ -100,12 +107,12 @@ class Recipe:
     device: str = "cpu"
 
 
-def learning_rate(recipe: Recipe, step: int) -> float:
-    """Linear warm-up, then cosine decay to a tenth of the peak."""
-    if step < recipe.warmup:
-        return recipe.peak_lr * (step + 1) / recipe.warmup
-    progress = (step - recipe.warmup) / max(1, recipe.steps - recipe.warmup)
-    return recipe.peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+def learning_rate(peak: float, warmup: int, steps: int, step: int) -> float:
+    """Linear warm-up to `peak`, then cosine decay to a tenth of it by step `steps`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def initialise(model: Model, gen: torch.Generator) -> None:
@@ -166,20 +173,13 @@ def word_list(chapters: list[Chapter]) -> list[str]:
     return sorted(words)
 
 
-def train(
-    bible: Path,
-    out: Path,
-    recipe: Recipe,
-    log_every: int = 20,
-    snapshot_every: int = 0,
-    budget_minutes: float | None = None,
-) -> dict[str, Any]:
-    """Train and write the checkpoint into `out` (a new or empty directory); with
-    `snapshot_every`, also a loadable checkpoint of the weights so far in `out/step-N`.
+def train(bible: Path, out: Path, recipe: Recipe, log_every: int = 20) -> dict[str, Any]:
+    """Train and write the checkpoint into `out` (a new or empty directory).
 
-    With `budget_minutes`, the number of steps is chosen after the warm-up (whose learning
-    rates do not depend on it) from the measured step time, so that training ends within the
-    budget; the steps taken are recorded, and `--steps N` repeats the run."""
+    Phase 1 trains block size 1 for `ar_steps`; its weights, saved to a scratch checkpoint, are
+    the teacher whose greedy text (`distill`) joins the real text in phase 2, `steps` of block
+    diffusion. Every phase-2 quarter also leaves a loadable checkpoint in `out/step-N`, so a
+    run's progress can be measured while it trains."""
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
     device = torch.device(recipe.device)
@@ -218,58 +218,61 @@ def train(
     # Initialised on the CPU from the seed, so a GPU run starts from the CPU run's weights.
     initialise(model, gen)
     model.to(device)
-    params = list(model.named_parameters())
-    optimiser = torch.optim.AdamW(
-        [
-            {"params": [p for n, p in params if p.dim() > 1], "weight_decay": recipe.weight_decay},
-            {"params": [p for n, p in params if p.dim() == 1], "weight_decay": 0.0},
-        ],
-        lr=recipe.peak_lr,
-        betas=(0.9, 0.95),
-    )
     before = evaluate(model, held, mask_id, 16, recipe.seed)
     print(
         f"tokens: train {stream.numel():,}, held-out {held.numel():,}; "
-        f"parameters {sum(p.numel() for _, p in params):,}; "
+        f"parameters {sum(p.numel() for p in model.parameters()):,}; "
         f"held-out loss before training {before[0]:.3f}",
         flush=True,
     )
     started = time.monotonic()
-    recent: list[float] = []
-    ar_steps = round(recipe.ar_share * recipe.steps)
-    step = 0
-    while step < recipe.steps:
-        if budget_minutes is not None and step == recipe.warmup:
-            recipe = _steps_within(recipe, budget_minutes, time.monotonic() - started)
-            ar_steps = round(recipe.ar_share * recipe.steps)
-            print(f"budget {budget_minutes:g} min: {recipe.steps} steps", flush=True)
-        block = AR_BLOCK if step < ar_steps else BLOCK_SIZES[step % len(BLOCK_SIZES)]
-        for group in optimiser.param_groups:
-            group["lr"] = learning_rate(recipe, step)
-        clean = windows(stream, recipe.batch, recipe.seq_len, gen)
-        noisy, masked = corrupt(clean, block, mask_id, gen, recipe.suffix_share)
-        clean, noisy, masked = clean.to(device), noisy.to(device), masked.to(device)
-        losses = block_diffusion_loss(model, clean, noisy, masked, block)
-        total = losses.diffusion + BALANCE_WEIGHT * losses.balance
-        optimiser.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimiser.step()
-        recent.append(float(losses.diffusion.detach()))
-        if (step + 1) % log_every == 0 or step + 1 == recipe.steps:
-            elapsed = time.monotonic() - started
-            eta = elapsed / (step + 1) * (recipe.steps - step - 1)
-            print(
-                f"step {step + 1}/{recipe.steps} loss {sum(recent) / len(recent):.3f} "
-                f"balance {float(losses.balance.detach()):.3f} "
-                f"lr {learning_rate(recipe, step):.2e} "
-                f"{elapsed / 60:.1f} min, {eta / 60:.1f} min left",
-                flush=True,
+    run = _Run(model, recipe, mask_id, gen, log_every)
+    run.phase(
+        "autoregressive",
+        recipe.ar_steps,
+        recipe.peak_lr,
+        lambda step: AR_BLOCK,
+        lambda: windows(stream, recipe.batch, recipe.seq_len, gen),
+    )
+    ar_minutes = (time.monotonic() - started) / 60
+    teacher_tokens = 0
+    draw = lambda: windows(stream, recipe.batch, recipe.seq_len, gen)  # noqa: E731
+    if recipe.ar_steps and recipe.distill_prompts:
+        with tempfile.TemporaryDirectory(prefix="dctl-teacher-") as scratch:
+            teacher = Path(scratch)
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                (teacher / name).write_bytes((out / name).read_bytes())
+            save_checkpoint(teacher, model, config, ids)
+            prompts = distill_prompts(train_chapters, recipe.distill_prompts, recipe.seed + 2)
+            distilled = teacher_token_stream(
+                teacher, prompts, recipe.distill_tokens, recipe.threads
             )
-            recent.clear()
-        if snapshot_every and (step + 1) % snapshot_every == 0 and step + 1 < recipe.steps:
-            save_checkpoint(out / f"step-{step + 1}", model, config, ids)
-        step += 1
+        torch.use_deterministic_algorithms(device.type != "cuda", warn_only=device.type == "cuda")
+        teacher_tokens = distilled.numel()
+        print(f"teacher text: {teacher_tokens:,} tokens from {len(prompts)} prompts", flush=True)
+        taught = round(recipe.batch * recipe.distill_share)
+
+        def draw() -> torch.Tensor:
+            return torch.cat(
+                (
+                    windows(distilled, taught, recipe.seq_len, gen),
+                    windows(stream, recipe.batch - taught, recipe.seq_len, gen),
+                )
+            )
+
+    quarter = max(1, recipe.steps // 4)
+    run.phase(
+        "block diffusion",
+        recipe.steps,
+        recipe.diffusion_lr,
+        lambda step: BLOCK_SIZES[step % len(BLOCK_SIZES)],
+        draw,
+        snapshot=lambda step: (
+            save_checkpoint(out / f"step-{step}", model, config, ids)
+            if step % quarter == 0 and step < recipe.steps
+            else None
+        ),
+    )
     minutes = (time.monotonic() - started) / 60
     after = evaluate(model, held, mask_id, 16, recipe.seed)
     print(
@@ -287,12 +290,14 @@ def train(
         "recipe": asdict(recipe),
         "block_sizes": list(BLOCK_SIZES),
         "train_tokens": stream.numel(),
-        "parameters": sum(p.numel() for _, p in params),
+        "teacher_tokens": teacher_tokens,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "active_parameters": active_parameters(model),
         "heldout_loss_random": round(before[0], 4),
         "heldout_loss": round(after[0], 4),
         "heldout_accuracy_random": round(before[1], 4),
         "heldout_accuracy": round(after[1], 4),
+        "autoregressive_minutes": round(ar_minutes, 1),
         "train_minutes": round(minutes, 1),
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -303,12 +308,67 @@ def train(
     return figures
 
 
-def _steps_within(recipe: Recipe, budget_minutes: float, elapsed_s: float) -> Recipe:
-    """The recipe with as many steps as fit the budget at the warm-up's pace (a tenth of the
-    budget is kept for the evaluations and the export)."""
-    per_step = elapsed_s / max(1, recipe.warmup)
-    left = budget_minutes * 60 * 0.9 - elapsed_s
-    return replace(recipe, steps=recipe.warmup + max(1, int(left / per_step)))
+class _Run:
+    """The model, its optimiser and the random stream, carried across the phases."""
+
+    def __init__(
+        self, model: Model, recipe: Recipe, mask_id: int, gen: torch.Generator, log_every: int
+    ) -> None:
+        self.model, self.recipe, self.mask_id, self.gen = model, recipe, mask_id, gen
+        self.log_every = log_every
+        matrices = [p for p in model.parameters() if p.dim() > 1]
+        vectors = [p for p in model.parameters() if p.dim() == 1]
+        self.optimiser = torch.optim.AdamW(
+            [
+                {"params": matrices, "weight_decay": recipe.weight_decay},
+                {"params": vectors, "weight_decay": 0.0},
+            ],
+            lr=recipe.peak_lr,
+            betas=(0.9, 0.95),
+        )
+
+    def phase(
+        self,
+        name: str,
+        steps: int,
+        peak_lr: float,
+        block_for: Callable[[int], int],
+        draw: Callable[[], torch.Tensor],
+        snapshot: Callable[[int], None] | None = None,
+    ) -> None:
+        """`steps` optimiser steps on batches from `draw`, with a schedule of their own."""
+        recipe, device = self.recipe, self.model.device
+        started = time.monotonic()
+        recent: list[float] = []
+        for step in range(steps):
+            block = block_for(step)
+            lr = learning_rate(peak_lr, recipe.warmup, steps, step)
+            for group in self.optimiser.param_groups:
+                group["lr"] = lr
+            clean = draw()
+            # Suffix masks only where there is more than one position to mask.
+            suffix = recipe.suffix_share if block > 1 else 0.0
+            noisy, masked = corrupt(clean, block, self.mask_id, self.gen, suffix)
+            clean, noisy, masked = clean.to(device), noisy.to(device), masked.to(device)
+            losses = block_diffusion_loss(self.model, clean, noisy, masked, block)
+            total = losses.diffusion + BALANCE_WEIGHT * losses.balance
+            self.optimiser.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimiser.step()
+            recent.append(float(losses.diffusion.detach()))
+            if (step + 1) % self.log_every == 0 or step + 1 == steps:
+                elapsed = time.monotonic() - started
+                eta = elapsed / (step + 1) * (steps - step - 1)
+                print(
+                    f"{name} step {step + 1}/{steps} loss {sum(recent) / len(recent):.3f} "
+                    f"balance {float(losses.balance.detach()):.3f} lr {lr:.2e} "
+                    f"{elapsed / 60:.1f} min, {eta / 60:.1f} min left",
+                    flush=True,
+                )
+                recent.clear()
+            if snapshot is not None:
+                snapshot(step + 1)
 
 
 def save_checkpoint(out: Path, model: Model, config: dict[str, Any], ids: dict[str, int]) -> None:
@@ -357,14 +417,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bible", type=Path, required=True, help="`bible gen1:1-rev22:21` output")
     parser.add_argument("--out", type=Path, required=True, help="new or empty directory")
     defaults = Recipe()
-    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument(
+        "--ar-steps", type=int, default=defaults.ar_steps, help="phase 1 (block size 1) steps"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=defaults.steps, help="phase 2 (block diffusion) steps"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument(
-        "--snapshot-every", type=int, default=0, help="also save out/step-N every N steps"
+        "--distill-prompts",
+        type=int,
+        default=defaults.distill_prompts,
+        help="teacher prompts decoded after phase 1 (0: no distillation)",
     )
     parser.add_argument(
-        "--ar-share", type=float, default=defaults.ar_share, help="share of AR (B=1) steps, first"
+        "--distill-share",
+        type=float,
+        default=defaults.distill_share,
+        help="share of phase 2's windows from the teacher's text",
     )
     parser.add_argument(
         "--suffix-share",
@@ -374,33 +445,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--books", help="comma-separated books to train on (default: all)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="windows per step")
-    parser.add_argument("--lr", type=float, default=defaults.peak_lr, help="peak learning rate")
-    parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
+    parser.add_argument("--lr", type=float, default=defaults.peak_lr, help="phase 1's peak rate")
     parser.add_argument(
-        "--minutes",
-        type=float,
-        help="time budget: choose the number of steps after the warm-up so training fits it",
+        "--diffusion-lr", type=float, default=defaults.diffusion_lr, help="phase 2's peak rate"
     )
+    parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
     args = parser.parse_args(argv)
     books = tuple(b.strip() for b in args.books.split(",")) if args.books else None
     recipe = Recipe(
         seed=args.seed,
+        ar_steps=args.ar_steps,
         steps=args.steps,
         threads=args.threads,
-        ar_share=args.ar_share,
+        distill_prompts=args.distill_prompts,
+        distill_share=args.distill_share,
         suffix_share=args.suffix_share,
         books=books,
         batch=args.batch,
         peak_lr=args.lr,
+        diffusion_lr=args.diffusion_lr,
         device=args.device,
     )
-    figures = train(
-        args.bible,
-        args.out,
-        recipe,
-        snapshot_every=args.snapshot_every,
-        budget_minutes=args.minutes,
-    )
+    figures = train(args.bible, args.out, recipe)
     print(json.dumps(figures, indent=2))
     return 0
 
