@@ -3,7 +3,7 @@
 Reproducible: the text is pinned by digest (see `corpus`), every random choice comes from
 `--seed`, and torch runs deterministic CPU kernels on a fixed number of threads. The defaults
 (an autoregressive phase, self-distillation, a block-diffusion phase: see `Recipe`) take about
-80 minutes on a 2-core CPU. The output directory is a complete
+84 minutes on a 2-core CPU. The output directory is a complete
 checkpoint (bf16 safetensors, config, tokenizer with the Qwen3 chat template, generation config)
 plus `training.json` (the figures measured here), the held-out text and the corpus's word list;
 the model card (`README.md`) is written from those figures.
@@ -84,20 +84,20 @@ class Recipe:
     block-diffusion conversion on real and distilled text."""
 
     seed: int = 0
-    ar_steps: int = 1200  # phase 1: block size 1
-    steps: int = 800  # phase 2: block diffusion, BLOCK_SIZES in turn
+    ar_steps: int = 1200  # the autoregressive phase: block size 1
+    steps: int = 800  # the block-diffusion phase: BLOCK_SIZES in turn
     batch: int = 16
     seq_len: int = 256
-    peak_lr: float = 3e-3  # phase 1's peak; each phase warms up and decays on its own
-    diffusion_lr: float = 1.5e-3  # phase 2's peak: a conversion, not a new start
+    peak_lr: float = 3e-3  # the AR phase's peak; each phase warms up and decays on its own
+    diffusion_lr: float = 1.5e-3  # the diffusion phase's: a conversion, not a new start
     warmup: int = 50
     weight_decay: float = 0.1
     threads: int = 2
     eval_windows: int = 64
-    # Teacher prompts decoded after phase 1 (0: no distillation) and the tokens each may add.
+    # Teacher prompts decoded after the AR phase (0: no distillation) and the tokens each may add.
     distill_prompts: int = 3072
     distill_tokens: int = 96
-    distill_share: float = 0.5  # share of phase 2's windows taken from the teacher's text
+    distill_share: float = 0.5  # share of the diffusion phase's windows from the teacher
     suffix_share: float = 0.5  # share of diffusion blocks masked as a suffix (see `corrupt`)
     # The books trained on (None: the whole Bible).
     books: tuple[str, ...] | None = None
@@ -176,10 +176,10 @@ def word_list(chapters: list[Chapter]) -> list[str]:
 def train(bible: Path, out: Path, recipe: Recipe, log_every: int = 20) -> dict[str, Any]:
     """Train and write the checkpoint into `out` (a new or empty directory).
 
-    Phase 1 trains block size 1 for `ar_steps`; its weights, saved to a scratch checkpoint, are
-    the teacher whose greedy text (`distill`) joins the real text in phase 2, `steps` of block
-    diffusion. Every phase-2 quarter also leaves a loadable checkpoint in `out/step-N`, so a
-    run's progress can be measured while it trains."""
+    The autoregressive phase trains block size 1 for `ar_steps`; its weights, saved to a scratch
+    checkpoint, are the teacher whose greedy text (`distill`) joins the real text in the
+    block-diffusion phase (`steps`). Each quarter of that phase also leaves a loadable checkpoint
+    in `out/step-N`, so a run's progress can be measured while it trains."""
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
     device = torch.device(recipe.device)
@@ -247,7 +247,6 @@ def train(bible: Path, out: Path, recipe: Recipe, log_every: int = 20) -> dict[s
             distilled = teacher_token_stream(
                 teacher, prompts, recipe.distill_tokens, recipe.threads
             )
-        torch.use_deterministic_algorithms(device.type != "cuda", warn_only=device.type == "cuda")
         teacher_tokens = distilled.numel()
         print(f"teacher text: {teacher_tokens:,} tokens from {len(prompts)} prompts", flush=True)
         taught = round(recipe.batch * recipe.distill_share)
@@ -418,24 +417,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="new or empty directory")
     defaults = Recipe()
     parser.add_argument(
-        "--ar-steps", type=int, default=defaults.ar_steps, help="phase 1 (block size 1) steps"
+        "--ar-steps",
+        type=int,
+        default=defaults.ar_steps,
+        help="autoregressive (block size 1) steps",
     )
-    parser.add_argument(
-        "--steps", type=int, default=defaults.steps, help="phase 2 (block diffusion) steps"
-    )
+    parser.add_argument("--steps", type=int, default=defaults.steps, help="block-diffusion steps")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument(
         "--distill-prompts",
         type=int,
         default=defaults.distill_prompts,
-        help="teacher prompts decoded after phase 1 (0: no distillation)",
+        help="teacher prompts decoded after the AR phase (0: no distillation)",
     )
     parser.add_argument(
         "--distill-share",
         type=float,
         default=defaults.distill_share,
-        help="share of phase 2's windows from the teacher's text",
+        help="share of the diffusion phase's windows from the teacher's text",
     )
     parser.add_argument(
         "--suffix-share",
@@ -445,9 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--books", help="comma-separated books to train on (default: all)")
     parser.add_argument("--batch", type=int, default=defaults.batch, help="windows per step")
-    parser.add_argument("--lr", type=float, default=defaults.peak_lr, help="phase 1's peak rate")
     parser.add_argument(
-        "--diffusion-lr", type=float, default=defaults.diffusion_lr, help="phase 2's peak rate"
+        "--lr", type=float, default=defaults.peak_lr, help="the AR phase's peak rate"
+    )
+    parser.add_argument(
+        "--diffusion-lr",
+        type=float,
+        default=defaults.diffusion_lr,
+        help="the diffusion phase's peak rate",
     )
     parser.add_argument("--device", default=defaults.device, help="cpu (default) or cuda")
     args = parser.parse_args(argv)
