@@ -127,15 +127,19 @@ def decisions(ro: RolloutFleet, action: str) -> list[datetime]:
 def test_scale_down_under_a_trickle_then_a_burst_then_zero_and_awake(fleet: RolloutFleet) -> None:
     ro = fleet
     clients = Clients(ro.load.url, ro.fleet.client_token)
-    ro.api.set_autoscale("demo", POLICY)
     # Two serving instances (its count when the policy came) and a standby loading beside them.
+    # Idle, the policy would scale down after down-after (8 s), before a standby that loads
+    # slower than that under a busy parallel run is ready: hold the count until it is.
+    ro.api.set_autoscale("demo", POLICY.model_copy(update={"down_after_s": 3600}))
     wait_for(
         "2 serving + 1 standby ready", lambda: len(serving_ready(ro)) == 2 and standby(ro), 240
     )
+    assert not decisions(ro, "down")
 
     # 1. A trickle: one request at a time, a pause between. Utilisation is low, so after
     # down-after it scales down to one; the retired instance leaves the routes before it stops.
     clients.start(1, pause_s=0.3)
+    ro.api.set_autoscale("demo", POLICY)
     wait_for("a scale-down to 1", lambda: decisions(ro, "down"), 60)
     wait_for("the retired instance to stop", lambda: len(show(ro).instances) == 2, 60)
     statuses = clients.stop()
