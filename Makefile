@@ -5,9 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEVSTAMP := $(VENV)/.installed-dev
 
-# pytest-xdist workers for `make test` and `make test-fast`: three on two cores pays, as the e2e
-# stacks mostly wait on their subprocesses (README's Development section has the figures).
-WORKERS ?= 3
+# pytest-xdist workers for `make test` and `make test-fast`: two on two cores. Three paid on a
+# fast machine (the e2e stacks mostly wait on their subprocesses), but on a slow one three ran
+# seven e2e timing margins out in 48 min where two passed everything in 35 (README's
+# Development section has the figures).
+WORKERS ?= 2
 PARALLEL := $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
 
 .PHONY: demo test test-serial test-fast lint format bench clean
