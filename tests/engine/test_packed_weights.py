@@ -30,16 +30,21 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return create_demo_checkpoint(tmp_path_factory.mktemp("packed") / "tiny", seed=3, size="tiny")
 
 
-def test_the_rule() -> None:
+def test_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     bf16, fp32 = torch.bfloat16, torch.float32
     assert packing.scope("off", CPU, bf16, bf16) == "none"
     # Weights widened per matmul: a packed copy would be in the wrong dtype.
     assert packing.scope("on", CPU, bf16, fp32) == "none"
     # This CPU build of torch has oneDNN: fp32 packing is always there.
     assert packing.supported(CPU, fp32)
-    # auto leaves fp32's few-row MoE products to MKL; "on" packs them too.
+    # On an Intel CPU auto leaves fp32's few-row MoE products to MKL; "on" packs them too.
+    monkeypatch.setattr(packing, "sgemm_leads_few_rows", lambda: True)
     assert packing.scope("auto", CPU, fp32, fp32) == "dense"
     assert packing.scope("on", CPU, fp32, fp32) == "all"
+    # Elsewhere MKL's sgemm is the slower one: auto packs the experts too.
+    monkeypatch.setattr(packing, "sgemm_leads_few_rows", lambda: False)
+    assert packing.scope("auto", CPU, fp32, fp32) == "all"
+    assert packing.scope("auto", CPU, bf16, fp32) == "none"
     half = "all" if packing.supported(CPU, bf16) else "none"
     assert packing.scope("auto", CPU, bf16, bf16) == half
     assert packing.scope("on", torch.device("cuda"), bf16, bf16) == "none"
@@ -121,7 +126,38 @@ def test_dense_layers_and_attention_biases_are_packed_too() -> None:
     torch.testing.assert_close(packed(ids, block_size=4), plain(ids, block_size=4))
 
 
-def test_the_dense_scope_leaves_the_moe_to_mkl(checkpoint: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "vendor"),
+    [
+        ("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t: avx2\n", "GenuineIntel"),
+        ("processor\t: 0\nvendor_id\t: AuthenticAMD\n", "AuthenticAMD"),
+        ("processor\t: 0\nCPU implementer\t: 0x41\n", None),  # ARM names no vendor
+    ],
+)
+def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path: Path, text: str, vendor: str | None) -> None:
+    (tmp_path / "cpuinfo").write_text(text)
+    assert packing.cpu_vendor(tmp_path / "cpuinfo") == vendor
+    assert packing.cpu_vendor(tmp_path / "missing") is None
+
+
+def test_auto_packs_fp32_experts_where_mkl_is_the_slower(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packing, "sgemm_leads_few_rows", lambda: False)
+    plain = load_model(checkpoint, dtype="fp32")
+    auto = load_model(checkpoint, dtype="fp32", packed_weights="auto")
+    assert auto.weights_layout == "packed"
+    moe = auto.layers[0].mlp
+    assert isinstance(moe, MoE) and moe.packed_experts is not None
+    assert packing.is_packed(moe.router) and moe.w_gate_up.numel() == 0
+    ids = torch.randint(0, plain.config.vocab_size, (1, 16))
+    torch.testing.assert_close(auto(ids, block_size=4), plain(ids, block_size=4))
+
+
+def test_the_dense_scope_leaves_the_moe_to_mkl(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(packing, "sgemm_leads_few_rows", lambda: True)  # an Intel CPU
     plain = load_model(checkpoint, dtype="fp32")
     dense = load_model(checkpoint, dtype="fp32", packed_weights="auto")
     assert (plain.weights_layout, dense.weights_layout) == ("plain", "packed_except_experts")

@@ -6,6 +6,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine import packing
 from tests.engine_server.conftest import MODEL, ServerProcess
 
 
@@ -70,8 +71,10 @@ def test_gauges_model_info_and_expert_counts(server: ServerProcess) -> None:
     assert info.labels["snapshot_digest"] == "sha256:demo0"
     # The dtype activations are computed in, as the engine chose it for this CPU.
     assert (info.labels["dtype"], info.labels["compute_dtype"]) == ("float32", "float32")
-    # packed_weights: auto packs fp32 projections but leaves the MoE's few-row ones to MKL.
-    assert info.labels["weights_layout"] == "packed_except_experts"
+    # packed_weights: auto packs fp32 projections, leaving the MoE's few-row ones to MKL on an
+    # Intel CPU (the server runs on this machine).
+    layout = "packed_except_experts" if packing.sgemm_leads_few_rows() else "packed"
+    assert info.labels["weights_layout"] == layout
     assert families["dllm_kv_cache_total_bytes"].samples[0].value > 0
     # The shared server's service.max_queue, so alerts can say how full the queue is.
     assert families["dllm_max_queue"].samples[0].value == 4
