@@ -2,8 +2,8 @@
 
 Reproducible: the text is pinned by digest (see `corpus`), every random choice comes from
 `--seed`, and torch runs deterministic CPU kernels on a fixed number of threads. The defaults
-(an autoregressive phase, self-distillation, a block-diffusion phase: see `Recipe`) take about
-84 minutes on a 2-core CPU. The output directory is a complete
+(an autoregressive phase, self-distillation, a block-diffusion phase: see `Recipe`) take 85-95
+minutes on a 2-core CPU. The output directory is a complete
 checkpoint (bf16 safetensors, config, tokenizer with the Qwen3 chat template, generation config)
 plus `training.json` (the figures measured here), the held-out text and the corpus's word list;
 the model card (`README.md`) is written from those figures.
@@ -97,7 +97,7 @@ class Recipe:
     # Teacher prompts decoded after the AR phase (0: no distillation) and the tokens each may add.
     distill_prompts: int = 3072
     distill_tokens: int = 96
-    distill_share: float = 0.5  # share of the diffusion phase's windows from the teacher
+    distill_share: float = 0.75  # share of the diffusion phase's windows from the teacher
     suffix_share: float = 0.5  # share of diffusion blocks masked as a suffix (see `corrupt`)
     # The books trained on (None: the whole Bible).
     books: tuple[str, ...] | None = None
